@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make demo` (the embedded demo) and `make test` (every test).
+# Both create .venv and install the package first; torch is the CPU wheel unless TORCH says else.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh demo
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/reader_speed.py
+
+clean:
+	rm -rf demo .pytest_cache
