@@ -1,0 +1,329 @@
+"""Typed configuration of each `fid` subcommand, loaded from YAML.
+
+Knobs live here (one dataclass per subcommand); paths come from the command line. A YAML file
+holds exactly the field names of its dataclass: unknown keys, wrong types and out-of-range values
+are rejected with the key, the value and what is allowed. Defaults live in the dataclasses only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is not what a subcommand accepts."""
+
+
+def _check_range(name: str, value: Any, *, low=None, high=None, allow_none=False, what=None):
+    """Raises ConfigError unless low <= value <= high (either bound optional)."""
+    if value is None and allow_none:
+        return
+    if (low is not None and value < low) or (high is not None and value > high):
+        if what is None:
+            bounds = []
+            if low is not None:
+                bounds.append(f">= {low}")
+            if high is not None:
+                bounds.append(f"<= {high}")
+            what = " and ".join(bounds)
+        raise ConfigError(f"{name} = {value!r} is out of range: expected {what}")
+
+
+@dataclass(frozen=True)
+class ReaderInputConfig:
+    """How questions and passages become reader inputs (shared by train, eval and scoring).
+
+    Attributes:
+        n_passages: passages read per question (the top ones by `score`; fewer are padded).
+        passage_max_tokens: tokens kept of each `question: Q title: T context: P` input.
+        encoder_buckets: a question batch's passages are sorted by length and encoded in this
+            many groups, each padded only to its own longest; 1 encodes them all at once.
+        pack_passages: hand the decoder only the real tokens of each question's passages
+            (exact: cross-attention has no position bias); False reproduces the original's
+            (B, N*L) layout with padding tokens masked.
+        pad_to_max_length: pad every passage to `passage_max_tokens` (the original's
+            behaviour; only useful for comparisons).
+        precision: "fp32", "bf16" (autocast) or "fp16" (autocast + loss scaling; GPU only).
+    """
+
+    n_passages: int = 100
+    passage_max_tokens: int = 250
+    encoder_buckets: int = 8
+    pack_passages: bool = True
+    pad_to_max_length: bool = False
+    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+
+    def __post_init__(self):
+        _check_range("n_passages", self.n_passages, low=1)
+        _check_range("passage_max_tokens", self.passage_max_tokens, low=8)
+        _check_range("encoder_buckets", self.encoder_buckets, low=1)
+
+
+@dataclass(frozen=True)
+class GenerationConfig(ReaderInputConfig):
+    """Reader generation knobs shared by dev evaluation and `fid eval-reader`.
+
+    Attributes:
+        batch_size: questions per generation batch.
+        max_answer_tokens: most tokens generated per answer (EOS included).
+        num_beams: 1 is greedy decoding, more is beam search.
+    """
+
+    batch_size: int = 8
+    max_answer_tokens: int = 20
+    num_beams: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_range("batch_size", self.batch_size, low=1)
+        _check_range("max_answer_tokens", self.max_answer_tokens, low=1)
+        _check_range("num_beams", self.num_beams, low=1)
+
+
+@dataclass(frozen=True)
+class EvalReaderConfig(GenerationConfig):
+    """`fid eval-reader`: generate answers and score them (EM, F1)."""
+
+
+@dataclass(frozen=True)
+class ScorePassagesConfig(ReaderInputConfig):
+    """`fid score-passages`: re-score each read passage with the reader's cross-attention.
+
+    Attributes:
+        batch_size: questions per scoring batch.
+        mode: "mean_logit" is the original FiD-KD score (first decoding step, pre-softmax
+            cross-attention logits averaged over layers, heads and the passage's tokens);
+            "attention_mass" is the softmax probability mass that falls on the passage,
+            averaged over layers and heads (Atlas's family of distillation targets).
+    """
+
+    batch_size: int = 8
+    mode: Literal["mean_logit", "attention_mass"] = "mean_logit"
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_range("batch_size", self.batch_size, low=1)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The training-loop knobs shared by every trained model (reader now, retriever later).
+
+    Attributes:
+        seed: seeds weights-independent randomness: data order, answer sampling, dropout.
+        max_steps: optimizer steps in total.
+        batch_size_per_device: questions per micro-batch (ignored when `max_tokens_per_batch`).
+        max_tokens_per_batch: if set, micro-batches are groups of questions holding at most this
+            many passage tokens (token-budget batching); a longer question forms its own batch.
+        gradient_accumulation_steps: micro-batches per optimizer step.
+        lr: peak learning rate.
+        weight_decay: AdamW decoupled weight decay (never applied to biases and norms).
+        scheduler: "constant", "linear" (decay to `min_lr_ratio` * lr) or "cosine".
+        warmup_steps: linear warm-up from 0 to `lr`.
+        min_lr_ratio: final learning rate as a fraction of `lr` for linear and cosine.
+        clip_grad_norm: gradient norm clipping; None disables it.
+        eval_every_steps: dev evaluation cadence (0 = only at the end).
+        save_every_steps: checkpoint cadence (0 = only at the end).
+        keep_last_checkpoints: `step-N` checkpoints kept (best_dev is kept separately).
+        log_every_steps: logging cadence of the loss, learning rate and peak memory.
+        tensorboard: write TensorBoard scalars beside metrics.jsonl.
+    """
+
+    seed: int = 0
+    max_steps: int = 15000
+    batch_size_per_device: int = 1
+    max_tokens_per_batch: int | None = None
+    gradient_accumulation_steps: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    scheduler: Literal["constant", "linear", "cosine"] = "linear"
+    warmup_steps: int = 1000
+    min_lr_ratio: float = 0.0
+    clip_grad_norm: float | None = 1.0
+    eval_every_steps: int = 500
+    save_every_steps: int = 500
+    keep_last_checkpoints: int = 2
+    log_every_steps: int = 50
+    tensorboard: bool = True
+
+    def __post_init__(self):
+        _check_range("max_steps", self.max_steps, low=1)
+        _check_range("batch_size_per_device", self.batch_size_per_device, low=1)
+        _check_range("max_tokens_per_batch", self.max_tokens_per_batch, low=1, allow_none=True)
+        _check_range("gradient_accumulation_steps", self.gradient_accumulation_steps, low=1)
+        _check_range("lr", self.lr, low=0.0, high=1.0, what="0 < lr <= 1")
+        if self.lr == 0:
+            raise ConfigError("lr = 0 is out of range: expected 0 < lr <= 1")
+        _check_range("weight_decay", self.weight_decay, low=0.0)
+        _check_range("warmup_steps", self.warmup_steps, low=0)
+        _check_range("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        _check_range("clip_grad_norm", self.clip_grad_norm, low=0.0, allow_none=True)
+        _check_range("eval_every_steps", self.eval_every_steps, low=0)
+        _check_range("save_every_steps", self.save_every_steps, low=0)
+        _check_range("keep_last_checkpoints", self.keep_last_checkpoints, low=1)
+        _check_range("log_every_steps", self.log_every_steps, low=1)
+
+
+@dataclass(frozen=True)
+class ReaderTrainConfig(TrainingConfig, GenerationConfig):
+    """`fid train-reader`: the training loop, the reader inputs and the dev generation.
+
+    Attributes:
+        answer_max_tokens: if set, every target is padded or truncated to exactly this many
+            tokens (EOS included), so the decoder sees one shape; None pads to the batch's longest.
+        activation_checkpointing: recompute activations in the backward pass (training only).
+        dropout: overrides the model's dropout rate when set.
+        eval_max_questions: evaluate on the first this-many dev questions (None = all).
+    """
+
+    answer_max_tokens: int | None = None
+    activation_checkpointing: bool = True
+    dropout: float | None = None
+    eval_max_questions: int | None = None
+
+    def __post_init__(self):
+        TrainingConfig.__post_init__(self)
+        GenerationConfig.__post_init__(self)
+        _check_range("answer_max_tokens", self.answer_max_tokens, low=2, allow_none=True)
+        _check_range("dropout", self.dropout, low=0.0, high=1.0, allow_none=True)
+        _check_range("eval_max_questions", self.eval_max_questions, low=1, allow_none=True)
+
+
+@dataclass(frozen=True)
+class InitReaderConfig:
+    """`fid init-reader`: a tokenizer trained on a corpus and a randomly initialised T5.
+
+    For demos and tests, where no pretrained model can be downloaded. Real runs start from a
+    pretrained T5 (`t5-base`, a local path) instead.
+    """
+
+    seed: int = 0
+    vocab_size: int = 3000
+    d_model: int = 128
+    d_ff: int = 512
+    d_kv: int = 32
+    num_layers: int = 2
+    num_decoder_layers: int = 2
+    num_heads: int = 4
+    dropout_rate: float = 0.0
+    relative_attention_num_buckets: int = 32
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "d_ff", "d_kv", "num_layers", "num_heads"):
+            _check_range(name, getattr(self, name), low=1)
+        _check_range("vocab_size", self.vocab_size, low=100)
+        _check_range("num_decoder_layers", self.num_decoder_layers, low=1)
+        _check_range("dropout_rate", self.dropout_rate, low=0.0, high=1.0)
+        _check_range("relative_attention_num_buckets", self.relative_attention_num_buckets, low=2)
+
+
+T = TypeVar("T")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """Whether a YAML value fits a field's type (ints are accepted where floats are)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return value in typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_matches(v, item) for v in value)
+    raise TypeError(f"unsupported config field type {tp!r}")
+
+
+def config_from_dict(data: dict[str, Any], cls: type[T], source: str = "config") -> T:
+    """Builds a config dataclass from a mapping, checking keys, types and ranges.
+
+    Raises:
+        ConfigError: naming `source`, the key, the value and what is allowed.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: expected a mapping of keys to values, got {type(data).__name__}"
+        )
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(
+                f"{source}: unknown key {key!r} for {cls.__name__}. "
+                f"Allowed keys: {', '.join(sorted(fields))}"
+            )
+        if not _matches(value, hints[key]):
+            raise ConfigError(
+                f"{source}: {key} = {value!r} has the wrong type: expected {_type_name(hints[key])}"
+            )
+        if hints[key] is float and isinstance(value, int):
+            data = {**data, key: float(value)}
+    try:
+        return cls(**data)
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from None
+
+
+def load_config(path: str | Path | None, cls: type[T]) -> T:
+    """Loads a YAML file into `cls`; None (no file) gives the defaults.
+
+    Raises:
+        ConfigError: for a missing or unreadable file, invalid YAML, or a bad key or value.
+    """
+    if path is None:
+        return cls()
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: invalid YAML: {error}") from None
+    return config_from_dict(data, cls, source=str(path))
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """The plain-types dict of a config (for checkpoints and provenance records)."""
+    return dataclasses.asdict(config)
+
+
+__all__ = [
+    "ConfigError",
+    "EvalReaderConfig",
+    "GenerationConfig",
+    "InitReaderConfig",
+    "ReaderInputConfig",
+    "ReaderTrainConfig",
+    "ScorePassagesConfig",
+    "TrainingConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+]

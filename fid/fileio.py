@@ -1,0 +1,106 @@
+"""Atomic writes: a reader of any output sees the old file, the new file, or nothing.
+
+Every file is written to a temporary name in the same folder and moved into place with
+`os.replace`, which is atomic on POSIX file systems; folders are built under a temporary name and
+renamed. A crash (or SIGKILL) at any point leaves no half-written output under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _default_mode(directory: bool) -> int:
+    """The permissions a plain open()/mkdir() would give (mkstemp/mkdtemp use 0600/0700)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yields a temporary file path that replaces `path` when the block ends without error."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    os.chmod(tmp, _default_mode(directory=False))
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Writes `text` to `path` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def atomic_write_json(path: str | Path, data: Any) -> None:
+    """Writes `data` as indented JSON to `path` atomically."""
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def atomic_write_jsonl(path: str | Path, records: Iterable[Any]) -> None:
+    """Writes one JSON document per line to `path` atomically."""
+    with atomic_path(path) as tmp, open(tmp, "w") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yields a temporary folder that replaces the folder `path` when the block succeeds.
+
+    An existing folder at `path` is moved aside first and deleted only after the new one is in
+    place, so at every instant either the old or the new folder can be found (see
+    `recover_directory`).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, _default_mode(directory=True))
+    try:
+        yield tmp
+        for file in tmp.rglob("*"):
+            if file.is_file():
+                with open(file, "rb") as handle:
+                    os.fsync(handle.fileno())
+        old = path.with_name(f".{path.name}.old")
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def recover_directory(path: str | Path) -> None:
+    """Puts back a folder that a crash inside `atomic_directory` left moved aside."""
+    path = Path(path)
+    old = path.with_name(f".{path.name}.old")
+    if not path.exists() and old.exists():
+        os.replace(old, path)

@@ -1,0 +1,65 @@
+"""Models built on the spot when no pretrained one can be downloaded (demo, tests).
+
+A BPE tokenizer trained on the corpus at hand with the `tokenizers` library (well under a second
+for a few thousand passages) and a randomly initialised T5 of a chosen size. Real runs start from
+a pretrained T5 (`t5-base`, `t5-large`, a local folder) instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+
+from fid.config import InitReaderConfig
+
+PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A lowercasing BPE tokenizer with T5's special tokens (pad 0, EOS 1, unk 2).
+
+    Words are split on whitespace (Metaspace, so decoding restores spaces), punctuation and
+    single digits: numbers then share pieces, which a tiny model learns far more easily than
+    one-off year tokens.
+    """
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(),
+            pre_tokenizers.Punctuation(),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[PAD, EOS, UNK], show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK
+    )
+
+
+def init_reader(config: InitReaderConfig, vocab_size: int) -> T5ForConditionalGeneration:
+    """A randomly initialised T5 (seeded) for a tokenizer with `vocab_size` ids."""
+    import torch
+
+    t5_config = T5Config(
+        vocab_size=vocab_size,
+        d_model=config.d_model,
+        d_ff=config.d_ff,
+        d_kv=config.d_kv,
+        num_layers=config.num_layers,
+        num_decoder_layers=config.num_decoder_layers,
+        num_heads=config.num_heads,
+        dropout_rate=config.dropout_rate,
+        relative_attention_num_buckets=config.relative_attention_num_buckets,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    torch.manual_seed(config.seed)
+    return T5ForConditionalGeneration(t5_config)

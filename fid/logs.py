@@ -1,0 +1,113 @@
+"""Run logging: the console/file log, metrics.jsonl, TensorBoard scalars and peak memory."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def setup_logging(rank: int = 0, file: str | Path | None = None) -> None:
+    """Rank 0 logs at INFO, other ranks at WARNING; the format carries the rank.
+
+    Called once, by the CLI. A `file` gets the same records (appended, so a resumed run's log
+    continues the interrupted one's).
+    """
+    level = logging.INFO if rank == 0 else logging.WARNING
+    formatter = logging.Formatter(
+        f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"
+    )
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if file is not None:
+        Path(file).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(file))
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(level)
+    # transformers and friends are chatty at INFO.
+    for name in ("transformers", "torch", "urllib3", "filelock", "huggingface_hub"):
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+
+
+class MetricsWriter:
+    """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard.
+
+    On resume, records logged after the checkpoint that the run resumes from are dropped, so the
+    file never holds two records of one step and kind.
+    """
+
+    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None, resume_step: int):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+            ]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self._file = open(self.path, "a")  # noqa: SIM115 (open for the writer's lifetime)
+        self._tensorboard = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(str(tensorboard_dir), purge_step=resume_step + 1)
+
+    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        """Records `values` of a `kind` ("train", "dev") at optimizer step `step`."""
+        record = {"kind": kind, "step": step, **values}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tensorboard is not None:
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tensorboard.add_scalar(f"{kind}/{name}", value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+
+class PeakMemory:
+    """Peak memory since the last `reset()`: CUDA max allocated on GPU, process RSS on CPU.
+
+    On Linux the RSS peak (VmHWM) is reset through /proc/self/clear_refs, so each logging
+    interval reports its own peak; elsewhere the process-lifetime peak (ru_maxrss) is reported.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._status = Path("/proc/self/status")
+        self._clear_refs = Path("/proc/self/clear_refs")
+        self.reset()
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self._clear_refs.exists():
+            # Not permitted in some sandboxes: the lifetime peak is reported then.
+            with contextlib.suppress(OSError):
+                self._clear_refs.write_text("5")
+
+    def peak_mb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        if self._status.exists():
+            match = re.search(r"VmHWM:\s+(\d+) kB", self._status.read_text())
+            if match:
+                return int(match.group(1)) / 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,269 @@
+"""FiDReader: Fusion-in-Decoder on an unmodified Hugging Face T5ForConditionalGeneration.
+
+Izacard & Grave 2021, "Leveraging Passage Retrieval with Generative Models for Open Domain
+Question Answering" (https://arxiv.org/abs/2007.01282): each of a question's N passages is
+encoded separately, and the decoder attends over the concatenation of all their token states.
+
+Shapes: B questions, N passage slots, L tokens per slot, T fused encoder tokens per question,
+D model width, H heads.
+
+Two exact savings over the original, which padded every passage to the maximum length:
+- length buckets: the batch's real passages are sorted by length and encoded in groups, each
+  padded only to its own longest passage;
+- packing: the decoder gets only each question's real tokens, back to back (T = the sum of its
+  passage lengths), because cross-attention has no position bias, so the order and spacing of
+  encoder tokens do not change its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import T5ForConditionalGeneration
+from transformers.modeling_outputs import BaseModelOutput
+
+
+@dataclass
+class FusedEncoding:
+    """The encoder side that the decoder reads.
+
+    Attributes:
+        hidden: (B, T, D) encoder states of each question's passages, fused.
+        mask: (B, T) 1 for real tokens.
+        token_passage: (B, T) the passage slot n of each token, -1 for padding.
+    """
+
+    hidden: torch.Tensor
+    mask: torch.Tensor
+    token_passage: torch.Tensor
+
+
+class FiDReader(nn.Module):
+    """A T5 encoder-decoder that reads N passages per question.
+
+    Args:
+        t5: the wrapped model (any T5-family checkpoint).
+        encoder_buckets: groups of similar-length passages encoded together; 1 = one group.
+        pack_passages: give the decoder only real tokens (B, T); False keeps the original's
+            (B, N*L) layout with masked padding.
+    """
+
+    def __init__(
+        self,
+        t5: T5ForConditionalGeneration,
+        encoder_buckets: int = 8,
+        pack_passages: bool = True,
+    ):
+        super().__init__()
+        self.t5 = t5
+        self.encoder_buckets = encoder_buckets
+        self.pack_passages = pack_passages
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, **kwargs) -> FiDReader:
+        """Loads any T5-family model by hub name or local folder (kwargs go to FiDReader)."""
+        t5 = T5ForConditionalGeneration.from_pretrained(name_or_path)
+        return cls(t5, **kwargs)
+
+    def save_pretrained(self, path) -> None:
+        """Saves the wrapped T5 as a plain Hugging Face model (safetensors)."""
+        self.t5.save_pretrained(path)
+
+    @property
+    def config(self):
+        return self.t5.config
+
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        """Recompute block activations in backward; Hugging Face applies it only in training."""
+        if enabled:
+            self.t5.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            self.t5.activation_checkpointing_disable()
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> FusedEncoding:
+        """Encodes every passage on its own and fuses each question's token states.
+
+        Args:
+            input_ids: (B, N, L) right-padded token ids.
+            attention_mask: (B, N, L) 1 for real tokens.
+
+        Returns:
+            The fused encoding; T = longest question's token count when packing, else N*L.
+        """
+        B, N, L = input_ids.shape
+        ids = input_ids.view(B * N, L)
+        mask = attention_mask.view(B * N, L).bool()
+        lengths = mask.sum(dim=1)  # (B*N,)
+        if not torch.equal(mask, torch.arange(L, device=mask.device) < lengths[:, None]):
+            raise ValueError("passages must be right-padded: attention_mask = 1..1 0..0")
+
+        # Where each passage's tokens start in its question's fused sequence.
+        if self.pack_passages:
+            per_question = lengths.view(B, N)
+            starts = (per_question.cumsum(dim=1) - per_question).view(B * N)  # exclusive cumsum
+            T = max(int(per_question.sum(dim=1).max()), 1)
+        else:
+            starts = (torch.arange(N, device=ids.device) * L).repeat(B)
+            T = N * L
+        row_question = torch.arange(B, device=ids.device).repeat_interleave(N)  # (B*N,)
+        row_slot = torch.arange(N, device=ids.device).repeat(B)  # (B*N,)
+
+        # Encode real passages in buckets of similar length, each padded to its own longest.
+        real_rows = torch.nonzero(lengths > 0).squeeze(1)
+        real_rows = real_rows[torch.argsort(lengths[real_rows], stable=True)]
+        hidden_parts, destinations, slots = [], [], []
+        for rows in torch.tensor_split(real_rows, min(self.encoder_buckets, len(real_rows))):
+            width = int(lengths[rows].max())
+            bucket_mask = mask[rows, :width]  # (n_k, width)
+            out = self.t5.encoder(input_ids=ids[rows, :width], attention_mask=bucket_mask.long())
+            row, pos = torch.nonzero(bucket_mask, as_tuple=True)  # each real token of the bucket
+            token_rows = rows[row]
+            hidden_parts.append(out.last_hidden_state[bucket_mask])  # (tokens_k, D)
+            destinations.append(row_question[token_rows] * T + starts[token_rows] + pos)
+            slots.append(row_slot[token_rows])
+        destination = torch.cat(destinations)
+        hidden = torch.cat(hidden_parts)
+        fused = hidden.new_zeros(B * T, hidden.shape[-1]).index_copy(0, destination, hidden)
+        token_passage = torch.full((B * T,), -1, dtype=torch.long, device=ids.device)
+        token_passage[destination] = torch.cat(slots)
+        fused_mask = (token_passage >= 0).view(B, T).long()
+        return FusedEncoding(
+            hidden=fused.view(B, T, -1), mask=fused_mask, token_passage=token_passage.view(B, T)
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+    ):
+        """Teacher-forced decoding over the fused passages.
+
+        Args:
+            input_ids: (B, N, L) passage token ids.
+            attention_mask: (B, N, L).
+            labels: (B, A) target ids, -100 where padded; gives `loss`.
+            decoder_input_ids: (B, A') when not derived from labels.
+
+        Returns:
+            transformers' Seq2SeqLMOutput (loss, logits (B, A, vocab)).
+        """
+        encoding = self.encode(input_ids, attention_mask)
+        return self.t5(
+            encoder_outputs=BaseModelOutput(last_hidden_state=encoding.hidden),
+            attention_mask=encoding.mask,
+            labels=labels,
+            decoder_input_ids=decoder_input_ids,
+            use_cache=False,
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        max_new_tokens: int,
+        num_beams: int = 1,
+    ) -> torch.Tensor:
+        """Greedy or beam-search answers: (B, <= max_new_tokens + 1) ids starting with the
+        decoder start token."""
+        encoding = self.encode(input_ids, attention_mask)
+        return self.t5.generate(
+            encoder_outputs=BaseModelOutput(last_hidden_state=encoding.hidden),
+            attention_mask=encoding.mask,
+            max_new_tokens=max_new_tokens,
+            num_beams=num_beams,
+            do_sample=False,
+        )
+
+    @torch.no_grad()
+    def passage_scores(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mode: Literal["mean_logit", "attention_mass"] = "mean_logit",
+    ) -> torch.Tensor:
+        """Cross-attention relevance of each passage at the first decoding step.
+
+        "mean_logit" (Izacard & Grave 2021, "Distilling Knowledge from Reader to Retriever for
+        Question Answering", https://arxiv.org/abs/2012.04584): the pre-softmax cross-attention
+        logits q.k (T5 has no 1/sqrt(d) scaling and no cross-attention position bias), averaged
+        over layers, heads and the passage's real tokens. "attention_mass": the softmax
+        probability that falls on the passage's tokens, averaged over layers and heads.
+
+        Args:
+            input_ids: (B, N, L).
+            attention_mask: (B, N, L).
+
+        Returns:
+            (B, N) float32 scores; NaN for empty passage slots.
+        """
+        encoding = self.encode(input_ids, attention_mask)
+        B, T = encoding.mask.shape
+        N = input_ids.shape[1]
+        start = torch.full(
+            (B, 1), self.config.decoder_start_token_id, dtype=torch.long, device=input_ids.device
+        )
+        with _capture_cross_attention(self.t5) as captured:
+            self.t5.decoder(
+                input_ids=start,
+                encoder_hidden_states=encoding.hidden,
+                encoder_attention_mask=encoding.mask,
+                use_cache=False,
+            )
+        H = self.config.num_heads
+        real = encoding.mask.bool()  # (B, T)
+        layer_scores = []
+        for layer in captured:
+            q = layer["q"].float().view(B, 1, H, -1).transpose(1, 2)  # (B, H, 1, dk)
+            k = layer["k"].float().view(B, T, H, -1).transpose(1, 2)  # (B, H, T, dk)
+            logits = (q @ k.transpose(-1, -2)).squeeze(2)  # (B, H, T)
+            if mode == "attention_mass":
+                logits = logits.masked_fill(~real[:, None, :], float("-inf")).softmax(dim=-1)
+            layer_scores.append(logits.mean(dim=1))  # (B, T), mean over heads
+        per_token = torch.stack(layer_scores).mean(dim=0)  # (B, T), mean over layers
+
+        slot = encoding.token_passage.clamp(min=0)
+        per_token = per_token.masked_fill(~real, 0.0)
+        sums = per_token.new_zeros(B, N).scatter_add_(1, slot, per_token)
+        if mode == "attention_mass":
+            scores = sums
+        else:
+            counts = per_token.new_zeros(B, N).scatter_add_(1, slot, real.float())
+            scores = sums / counts
+        empty = attention_mask.sum(dim=-1) == 0  # (B, N)
+        return scores.masked_fill(empty, float("nan"))
+
+
+@contextlib.contextmanager
+def _capture_cross_attention(t5: T5ForConditionalGeneration) -> Iterator[list[dict]]:
+    """Records, per decoder layer, the cross-attention query and key projections.
+
+    Forward hooks on the `q` and `k` linear layers of each EncDecAttention (no patching of
+    transformers code, any attention implementation). Yields one dict per layer that a decoder
+    call fills with "q" (B, 1, H*dk) and "k" (B, T, H*dk).
+    """
+    captured: list[dict] = [{} for _ in t5.decoder.block]
+    handles = []
+    for block, store in zip(t5.decoder.block, captured, strict=True):
+        attention = block.layer[1].EncDecAttention
+        handles.append(attention.q.register_forward_hook(_store_output(store, "q")))
+        handles.append(attention.k.register_forward_hook(_store_output(store, "k")))
+    try:
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _store_output(store: dict, name: str):
+    def hook(module, inputs, output):
+        store[name] = output.detach()
+
+    return hook

@@ -1,0 +1,227 @@
+"""The one training loop that every model of the project is trained with.
+
+setup (optimizer, schedule, resume) -> loop (accumulate, clip, step, log, evaluate, save)
+-> final checkpoint. What is trained is a `TrainTask`: it owns the model, the batches of an
+epoch, the loss of a batch, dev evaluation and the final save format; the loop owns everything
+else. Resuming from the newest complete checkpoint restores weights, optimizer, schedule, loss
+scaler, RNG states and the data position, so an interrupted run ends bitwise equal to an
+uninterrupted one on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from fid.checkpoint import (
+    TrainingProgress,
+    load_checkpoint,
+    save_checkpoint,
+    step_checkpoints,
+)
+from fid.config import TrainingConfig
+from fid.fileio import atomic_directory, atomic_write_json, recover_directory
+from fid.logs import MetricsWriter, PeakMemory
+from fid.training.optim import build_optimizer, build_scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class TrainTask(Protocol):
+    """What the loop needs from a model being trained."""
+
+    model: nn.Module
+    dev_metric: str  # key of `evaluate()`'s result; higher is better
+
+    def epoch_batches(self, epoch: int) -> list[Any]:
+        """The micro-batches of an epoch, reproducible from the epoch number."""
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        """The mean loss of one micro-batch (called under autocast)."""
+
+    def evaluate(self) -> dict[str, float]:
+        """Dev metrics (called in eval mode, without gradients, under autocast)."""
+
+    def save_model(self, path: Path) -> None:
+        """Writes the model in its final, loadable format into the folder `path`."""
+
+
+def autocast(device: torch.device, precision: str):
+    """The mixed-precision context of a precision setting ("fp32", "bf16", "fp16")."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError("precision fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def run_training(
+    task: TrainTask,
+    cfg: TrainingConfig,
+    state_dir: str | Path,
+    device: torch.device,
+    precision: str,
+    config_record: dict[str, Any],
+) -> TrainingProgress:
+    """Trains `task.model` to `cfg.max_steps`, resuming from `state_dir` if it holds a run.
+
+    Args:
+        task: the model, data and evaluation.
+        cfg: loop knobs (schedule, accumulation, cadences).
+        state_dir: checkpoints, best_dev, metrics.jsonl, tensorboard/ (kept across restarts).
+        device: where the model already is.
+        precision: "fp32", "bf16" or "fp16".
+        config_record: the run's full config, stored in each checkpoint.
+
+    Returns:
+        The final progress (step == cfg.max_steps).
+    """
+    state_dir = Path(state_dir)
+    model = task.model
+    amp = autocast(device, precision)  # validates precision before any work
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    scheduler = build_scheduler(
+        optimizer, cfg.scheduler, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio
+    )
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+    recover_directory(state_dir / "best_dev")
+    progress = TrainingProgress()
+    checkpoints = step_checkpoints(state_dir)
+    if checkpoints:
+        step, path = checkpoints[-1]
+        progress = load_checkpoint(path, model, optimizer, scheduler, scaler)
+        logger.info("resumed from %s (step %d of %d)", path, progress.step, cfg.max_steps)
+    else:
+        torch.manual_seed(cfg.seed)  # dropout; the data order has its own seeded RNGs
+        logger.info("starting a new run in %s", state_dir)
+
+    metrics = MetricsWriter(
+        state_dir / "metrics.jsonl",
+        state_dir / "tensorboard" if cfg.tensorboard else None,
+        resume_step=progress.step,
+    )
+    memory = PeakMemory(device)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    batches = task.epoch_batches(progress.epoch)
+    interval_loss = torch.zeros((), device=device)
+    interval_start, interval_steps = time.perf_counter(), 0
+    bar = tqdm(
+        total=cfg.max_steps,
+        initial=progress.step,
+        desc="train",
+        unit="step",
+        disable=not sys.stderr.isatty(),
+    )
+    model.train()
+    try:
+        while progress.step < cfg.max_steps:
+            for micro_step in range(cfg.gradient_accumulation_steps):
+                if progress.batch_in_epoch >= len(batches):
+                    progress.epoch += 1
+                    progress.batch_in_epoch = 0
+                    batches = task.epoch_batches(progress.epoch)
+                batch = batches[progress.batch_in_epoch]
+                progress.batch_in_epoch += 1
+                # Gradients are all-reduced only on the last micro-step (DDP's no_sync).
+                last = micro_step == cfg.gradient_accumulation_steps - 1
+                if last or not hasattr(model, "no_sync"):
+                    sync = contextlib.nullcontext()
+                else:
+                    sync = model.no_sync()
+                with sync:
+                    with amp:
+                        loss = task.loss(batch)
+                    # Mean over micro-batches: each contributes 1/accumulation of the gradient.
+                    scaled = loss / cfg.gradient_accumulation_steps
+                    (scaler.scale(scaled) if scaler else scaled).backward()
+                interval_loss += loss.detach() / cfg.gradient_accumulation_steps
+
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            grad_norm = None
+            if cfg.clip_grad_norm is not None:
+                grad_norm = torch.nn.utils.clip_grad_norm_(parameters, cfg.clip_grad_norm)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            progress.step += 1
+            interval_steps += 1
+            bar.update(1)
+
+            if progress.step % cfg.log_every_steps == 0 or progress.step == cfg.max_steps:
+                elapsed = time.perf_counter() - interval_start
+                values = {
+                    "loss": float(interval_loss) / interval_steps,
+                    "lr": scheduler.get_last_lr()[0],
+                    "step_time_s": elapsed / interval_steps,
+                    "peak_memory_mb": memory.peak_mb(),
+                    "epoch": progress.epoch,
+                }
+                if grad_norm is not None:
+                    values["grad_norm"] = float(grad_norm)
+                metrics.write("train", progress.step, values)
+                bar.set_postfix(loss=f"{values['loss']:.3f}")
+                logger.info(
+                    "step %d/%d loss %.4f lr %.2e %.3f s/step peak %.0f MB",
+                    progress.step,
+                    cfg.max_steps,
+                    values["loss"],
+                    values["lr"],
+                    values["step_time_s"],
+                    values["peak_memory_mb"],
+                )
+                interval_loss.zero_()
+                interval_start, interval_steps = time.perf_counter(), 0
+                memory.reset()
+
+            final = progress.step == cfg.max_steps
+            if final or (cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0):
+                _evaluate(task, progress, metrics, amp, state_dir)
+            if final or (cfg.save_every_steps and progress.step % cfg.save_every_steps == 0):
+                save_checkpoint(
+                    state_dir,
+                    model,
+                    optimizer,
+                    scheduler,
+                    scaler,
+                    progress,
+                    config_record,
+                    cfg.keep_last_checkpoints,
+                )
+    finally:
+        bar.close()
+        metrics.close()
+    return progress
+
+
+def _evaluate(task: TrainTask, progress: TrainingProgress, metrics, amp, state_dir: Path):
+    """Dev evaluation; a new best is saved to best_dev/ in the final format."""
+    task.model.eval()
+    started = time.perf_counter()
+    with torch.no_grad(), amp:
+        results = task.evaluate()
+    task.model.train()
+    results["eval_time_s"] = time.perf_counter() - started
+    metrics.write("dev", progress.step, results)
+    value = results[task.dev_metric]
+    logger.info("step %d dev %s %.4f", progress.step, task.dev_metric, value)
+    if progress.best_metric is None or value >= progress.best_metric:  # ties: the later
+        progress.best_metric, progress.best_step = value, progress.step
+        with atomic_directory(state_dir / "best_dev") as tmp:
+            task.save_model(tmp)
+            atomic_write_json(tmp / "dev_metrics.json", {"step": progress.step, **results})
+        logger.info("new best dev %s %.4f at step %d", task.dev_metric, value, progress.step)

@@ -1,0 +1,69 @@
+"""AdamW with decay only where it belongs, and learning-rate schedules with warm-up."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+# Parameters of these modules are scales and shifts: decaying them towards 0 hurts (a defect of
+# the original, which decayed LayerNorm weights and biases too).
+_NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d)
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: matrices and embeddings decay; biases and norm weights do not.
+
+    A module counts as a norm when it is a torch norm layer or its class name ends in "Norm"
+    (T5LayerNorm, RMSNorm). Shared (tied) parameters are listed once.
+    """
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        is_norm = isinstance(module, _NORM_TYPES) or type(module).__name__.endswith("Norm")
+        for name, parameter in module.named_parameters(recurse=False):
+            if not parameter.requires_grad or id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            if is_norm or name == "bias" or parameter.ndim < 2:
+                no_decay.append(parameter)
+            else:
+                decay.append(parameter)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr)
+
+
+def lr_factor(step: int, kind: str, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate for the update that follows `step` updates.
+
+    Linear warm-up from 1/warmup to 1 over `warmup_steps`, then constant, linear or cosine
+    decay to `min_ratio` at `max_steps`.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if kind == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    if kind == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    if kind == "cosine":
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown scheduler {kind!r}: expected constant, linear or cosine")
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    kind: str,
+    warmup_steps: int,
+    max_steps: int,
+    min_ratio: float,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, kind, warmup_steps, max_steps, min_ratio)
+    )

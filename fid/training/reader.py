@@ -1,0 +1,142 @@
+"""train_reader(): a FiD reader trained with the generic loop, evaluated by dev exact match."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import AutoTokenizer, T5ForConditionalGeneration
+
+from fid.config import ReaderTrainConfig, config_to_dict
+from fid.data import Example, ReaderCollator, choose_target, epoch_batches, load_examples
+from fid.evaluation import answer_metrics
+from fid.fileio import atomic_directory
+from fid.inference import generate_answers
+from fid.reader import FiDReader
+from fid.training.loop import run_training
+
+logger = logging.getLogger(__name__)
+
+
+class ReaderTask:
+    """The reader as a `TrainTask`: teacher-forced loss, dev exact match, HF save format."""
+
+    dev_metric = "exact_match"
+
+    def __init__(
+        self,
+        reader: FiDReader,
+        tokenizer,
+        cfg: ReaderTrainConfig,
+        train: Sequence[Example],
+        dev: Sequence[Example],
+        device: torch.device,
+    ):
+        self.model = reader
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.train = train
+        self.dev = dev if cfg.eval_max_questions is None else dev[: cfg.eval_max_questions]
+        self.device = device
+        self.collator = ReaderCollator(
+            tokenizer,
+            n_passages=cfg.n_passages,
+            passage_max_tokens=cfg.passage_max_tokens,
+            answer_max_tokens=cfg.answer_max_tokens,
+            pad_to_max_length=cfg.pad_to_max_length,
+        )
+        self.token_counts = None
+        if cfg.max_tokens_per_batch is not None:
+            self.token_counts = self.collator.question_token_counts(train)
+
+    def epoch_batches(self, epoch: int) -> list[tuple[int, list[int]]]:
+        batches = epoch_batches(
+            len(self.train),
+            self.cfg.batch_size_per_device,
+            seed=self.cfg.seed,
+            epoch=epoch,
+            token_counts=self.token_counts,
+            max_tokens=self.cfg.max_tokens_per_batch,
+        )
+        return [(epoch, indices) for indices in batches]
+
+    def loss(self, item: tuple[int, list[int]]) -> torch.Tensor:
+        epoch, indices = item
+        examples = [self.train[i] for i in indices]
+        targets = [choose_target(example, self.cfg.seed, epoch) for example in examples]
+        batch = self.collator(examples, targets).to(self.device)
+        return self.model(batch.input_ids, batch.attention_mask, labels=batch.labels).loss
+
+    def evaluate(self) -> dict[str, float]:
+        predictions = generate_answers(
+            self.model,
+            self.tokenizer,
+            self.collator,
+            self.dev,
+            self.cfg.batch_size,
+            self.cfg.max_answer_tokens,
+            self.cfg.num_beams,
+            self.device,
+        )
+        metrics = answer_metrics(predictions, [example.answers for example in self.dev])
+        return {"exact_match": metrics["exact_match"], "f1": metrics["f1"], "n": len(self.dev)}
+
+    def save_model(self, path: Path) -> None:
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+def load_reader(
+    name_or_path: str, encoder_buckets: int, pack_passages: bool, dropout: float | None = None
+) -> tuple[FiDReader, object]:
+    """A FiD reader and its tokenizer from a hub name or a local folder."""
+    overrides = {} if dropout is None else {"dropout_rate": dropout}
+    t5 = T5ForConditionalGeneration.from_pretrained(name_or_path, **overrides)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    return FiDReader(t5, encoder_buckets, pack_passages), tokenizer
+
+
+def train_reader(
+    cfg: ReaderTrainConfig,
+    train_path: Path,
+    dev_path: Path,
+    init_model: str,
+    output_dir: Path,
+    state_dir: Path,
+    device: torch.device,
+) -> dict:
+    """Trains a reader and writes the chosen model (HF format + tokenizer) to `output_dir`.
+
+    The best dev checkpoint is exported (the final step's model when it is as good), with the
+    run's metrics.jsonl and config beside it. Resumes from `state_dir` when it holds a run.
+
+    Returns:
+        The exported model's dev metrics.
+    """
+    train = load_examples(train_path, require_answers=True)
+    dev = load_examples(dev_path, require_answers=True)
+    logger.info("%d training and %d dev questions", len(train), len(dev))
+    reader, tokenizer = load_reader(init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout)
+    reader.to(device)
+    reader.set_activation_checkpointing(cfg.activation_checkpointing)
+    task = ReaderTask(reader, tokenizer, cfg, train, dev, device)
+    record = config_to_dict(cfg)
+    progress = run_training(task, cfg, state_dir, device, cfg.precision, record)
+
+    best = Path(state_dir) / "best_dev"
+    with atomic_directory(output_dir) as tmp:
+        shutil.copytree(best, tmp, dirs_exist_ok=True)
+        shutil.copy(Path(state_dir) / "metrics.jsonl", tmp / "metrics.jsonl")
+        (tmp / "train_config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+    logger.info(
+        "exported best dev model (step %s, %s %.4f) to %s",
+        progress.best_step,
+        task.dev_metric,
+        progress.best_metric,
+        output_dir,
+    )
+    return {"best_step": progress.best_step, task.dev_metric: progress.best_metric}
