@@ -1,0 +1,72 @@
+"""Shared fixtures: tiny models built on the spot (no downloads), toy FiD data, seeding."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from fid.config import InitReaderConfig
+from fid.init_models import init_reader, train_tokenizer
+from fid.reader import FiDReader
+from fid.synthetic import WorldConfig, build_world, reader_examples
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# Tiny sizes used across the tests: fast on one CPU thread.
+TINY = dict(d_model=32, d_ff=64, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=4)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    torch.manual_seed(0)
+    random.seed(0)
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def toy_world():
+    return build_world(WorldConfig(seed=0, n_entities=12, n_dev_facts=8, n_test_facts=8))
+
+
+@pytest.fixture(scope="session")
+def toy_records(toy_world):
+    """FiD-format records: {split: [record]} with 6 passages per question."""
+    return {split: reader_examples(toy_world, split, 6, seed=0) for split in toy_world.splits}
+
+
+@pytest.fixture(scope="session")
+def tokenizer(toy_world):
+    texts = [p.text for p in toy_world.passages] + [p.title for p in toy_world.passages]
+    texts += [q.question for qs in toy_world.splits.values() for q in qs]
+    return train_tokenizer(texts, vocab_size=400)
+
+
+@pytest.fixture
+def tiny_t5(tokenizer):
+    return init_reader(InitReaderConfig(vocab_size=400, **TINY), vocab_size=len(tokenizer))
+
+
+@pytest.fixture
+def tiny_reader(tiny_t5):
+    return FiDReader(tiny_t5, encoder_buckets=3).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """A saved tiny T5 + tokenizer folder, as `fid init-reader` writes it."""
+    path = tmp_path_factory.mktemp("tiny_model")
+    torch.manual_seed(0)
+    t5 = init_reader(InitReaderConfig(vocab_size=400, **TINY), vocab_size=len(tokenizer))
+    t5.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def write_json(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path

@@ -1,0 +1,63 @@
+"""Typed configs: unknown keys, wrong types and out-of-range values are rejected clearly."""
+
+import dataclasses
+
+import pytest
+
+from fid.config import (
+    ConfigError,
+    EvalReaderConfig,
+    ReaderTrainConfig,
+    ScorePassagesConfig,
+    config_from_dict,
+    load_config,
+)
+
+
+def test_defaults_and_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("n_passages: 5\nlr: 1\nscheduler: cosine\nclip_grad_norm: null\n")
+    cfg = load_config(path, ReaderTrainConfig)
+    assert cfg.n_passages == 5 and cfg.lr == 1.0 and isinstance(cfg.lr, float)
+    assert cfg.scheduler == "cosine" and cfg.clip_grad_norm is None
+    assert load_config(None, ScorePassagesConfig).mode == "mean_logit"
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"n_pasages": 5}, "unknown key 'n_pasages'"),
+        ({"n_passages": -3}, "n_passages = -3 is out of range: expected >= 1"),
+        ({"n_passages": "ten"}, "n_passages = 'ten' has the wrong type: expected int"),
+        ({"n_passages": 2.5}, "expected int"),
+        ({"activation_checkpointing": "yes"}, "expected bool"),
+        ({"scheduler": "step"}, "one of 'constant', 'linear', 'cosine'"),
+        ({"precision": "fp8"}, "precision = 'fp8'"),
+        ({"lr": 0}, "lr = 0"),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps = 0"),
+        ({"dropout": 1.5}, "dropout = 1.5 is out of range"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(data, message):
+    with pytest.raises(ConfigError, match="cfg.yaml") as error:
+        config_from_dict(data, ReaderTrainConfig, source="cfg.yaml")
+    assert message in str(error.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml", EvalReaderConfig)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("n_passages: [1\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad, EvalReaderConfig)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(listing, EvalReaderConfig)
+
+
+def test_every_field_has_a_default():
+    for cls in (ReaderTrainConfig, EvalReaderConfig, ScorePassagesConfig):
+        for field in dataclasses.fields(cls):
+            assert field.default is not dataclasses.MISSING, (cls.__name__, field.name)

@@ -1,0 +1,99 @@
+"""Passage scores from cross-attention, checked against a brute-force computation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import write_json
+
+from fid.data import ReaderCollator, load_examples
+from fid.reader import FiDReader
+
+
+@pytest.fixture
+def batch(tokenizer, toy_records, tmp_path):
+    examples = load_examples(write_json(tmp_path / "q.json", toy_records["dev"][:3]))
+    examples[2].ctxs = examples[2].ctxs[:4]  # fewer passages than slots
+    return ReaderCollator(tokenizer, n_passages=6, passage_max_tokens=48)(examples)
+
+
+def brute_force_scores(t5, input_ids, attention_mask, mode):
+    """Question by question, passage by passage, token by token, with plain HF modules.
+
+    mean_logit: q.k computed from the decoder's per-layer states, averaged over heads, layers
+    and the passage's tokens. attention_mass: HF's own eager cross-attention probabilities
+    (B, H, 1, T), summed per passage, averaged over heads and layers.
+    """
+    B, N, L = input_ids.shape
+    H, layers = t5.config.num_heads, t5.config.num_decoder_layers
+    scores = torch.full((B, N), math.nan)
+    for b in range(B):
+        states, owner = [], []
+        for n in range(N):
+            length = int(attention_mask[b, n].sum())
+            if length == 0:
+                continue
+            hidden = t5.encoder(input_ids=input_ids[b, n, :length][None]).last_hidden_state[0]
+            states.append(hidden)
+            owner += [n] * length
+        encoder_states = torch.cat(states)[None]  # (1, T, D)
+        owner = torch.tensor(owner)
+        start = torch.tensor([[t5.config.decoder_start_token_id]])
+        if mode == "attention_mass":
+            t5.set_attn_implementation("eager")
+            out = t5.decoder(
+                input_ids=start, encoder_hidden_states=encoder_states, output_attentions=True
+            )
+            t5.set_attn_implementation("sdpa")
+            probs = torch.stack(out.cross_attentions)[:, 0, :, 0, :]  # (layers, H, T)
+            for n in owner.unique().tolist():
+                scores[b, n] = probs[:, :, owner == n].sum(-1).mean()
+            continue
+        out = t5.decoder(
+            input_ids=start, encoder_hidden_states=encoder_states, output_hidden_states=True
+        )
+        total = torch.zeros(N)
+        for layer, block in enumerate(t5.decoder.block):
+            after_self = block.layer[0](out.hidden_states[layer])[0]
+            cross = block.layer[1]
+            q = cross.EncDecAttention.q(cross.layer_norm(after_self))[0, 0].view(H, -1)
+            k = cross.EncDecAttention.k(encoder_states)[0].view(-1, H, q.shape[-1])
+            for t in range(k.shape[0]):
+                for h in range(H):
+                    total[owner[t]] += float(q[h] @ k[t, h])
+        for n in owner.unique().tolist():
+            scores[b, n] = total[n] / (H * layers * int((owner == n).sum()))
+    return scores
+
+
+@pytest.mark.parametrize("mode", ["mean_logit", "attention_mass"])
+def test_scores_match_brute_force(tiny_t5, batch, mode):
+    reader = FiDReader(tiny_t5, encoder_buckets=3).eval()
+    with torch.no_grad():
+        ours = reader.passage_scores(batch.input_ids, batch.attention_mask, mode)
+        expected = brute_force_scores(tiny_t5, batch.input_ids, batch.attention_mask, mode)
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4, equal_nan=True)
+    assert torch.isnan(ours[2, 4:]).all() and not torch.isnan(ours[2, :4]).any()
+    if mode == "attention_mass":
+        # Each question's passages share the whole attention mass.
+        torch.testing.assert_close(ours.nan_to_num().sum(1), torch.ones(3))
+
+
+@pytest.mark.parametrize("mode", ["mean_logit", "attention_mass"])
+@pytest.mark.parametrize("pack", [True, False])
+def test_scores_independent_of_padding_and_batch(tiny_t5, batch, mode, pack):
+    reader = FiDReader(tiny_t5, encoder_buckets=2, pack_passages=pack).eval()
+    together = reader.passage_scores(batch.input_ids, batch.attention_mask, mode)
+    padded = reader.passage_scores(
+        torch.nn.functional.pad(batch.input_ids, (0, 20)),
+        torch.nn.functional.pad(batch.attention_mask, (0, 20)),
+        mode,
+    )
+    torch.testing.assert_close(together, padded, equal_nan=True, atol=1e-5, rtol=1e-5)
+    for b in range(3):
+        alone = reader.passage_scores(
+            batch.input_ids[b : b + 1], batch.attention_mask[b : b + 1], mode
+        )
+        torch.testing.assert_close(together[b : b + 1], alone, equal_nan=True, atol=1e-5, rtol=1e-5)
