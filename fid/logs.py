@@ -32,9 +32,12 @@ def setup_logging(rank: int = 0, file: str | Path | None = None) -> None:
         handlers.append(logging.FileHandler(file))
     root = logging.getLogger()
     for handler in list(root.handlers):
-        root.removeHandler(handler)
+        if getattr(handler, "_fid_handler", False):  # ours, from an earlier call
+            root.removeHandler(handler)
+            handler.close()
     for handler in handlers:
         handler.setFormatter(formatter)
+        handler._fid_handler = True
         root.addHandler(handler)
     root.setLevel(level)
     # transformers and friends are chatty at INFO.

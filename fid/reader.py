@@ -217,28 +217,37 @@ class FiDReader(nn.Module):
                 encoder_attention_mask=encoding.mask,
                 use_cache=False,
             )
-        H = self.config.num_heads
-        real = encoding.mask.bool()  # (B, T)
-        layer_scores = []
-        for layer in captured:
-            q = layer["q"].float().view(B, 1, H, -1).transpose(1, 2)  # (B, H, 1, dk)
-            k = layer["k"].float().view(B, T, H, -1).transpose(1, 2)  # (B, H, T, dk)
-            logits = (q @ k.transpose(-1, -2)).squeeze(2)  # (B, H, T)
-            if mode == "attention_mass":
-                logits = logits.masked_fill(~real[:, None, :], float("-inf")).softmax(dim=-1)
-            layer_scores.append(logits.mean(dim=1))  # (B, T), mean over heads
-        per_token = torch.stack(layer_scores).mean(dim=0)  # (B, T), mean over layers
-
-        slot = encoding.token_passage.clamp(min=0)
-        per_token = per_token.masked_fill(~real, 0.0)
-        sums = per_token.new_zeros(B, N).scatter_add_(1, slot, per_token)
-        if mode == "attention_mass":
-            scores = sums
-        else:
-            counts = per_token.new_zeros(B, N).scatter_add_(1, slot, real.float())
-            scores = sums / counts
+        # The score arithmetic runs in float32 even under autocast: q.k sums over dk terms and
+        # bf16 would round the per-token logits to ~3 significant digits.
+        with torch.autocast(input_ids.device.type, enabled=False):
+            scores = _scores_from_projections(captured, encoding, N, self.config.num_heads, mode)
         empty = attention_mask.sum(dim=-1) == 0  # (B, N)
         return scores.masked_fill(empty, float("nan"))
+
+
+def _scores_from_projections(
+    captured: list[dict], encoding: FusedEncoding, N: int, H: int, mode: str
+) -> torch.Tensor:
+    """(B, N) passage scores from each layer's cross-attention q (B, 1, H*dk), k (B, T, H*dk)."""
+    B, T = encoding.mask.shape
+    real = encoding.mask.bool()  # (B, T)
+    layer_scores = []
+    for layer in captured:
+        q = layer["q"].float().view(B, 1, H, -1).transpose(1, 2)  # (B, H, 1, dk)
+        k = layer["k"].float().view(B, T, H, -1).transpose(1, 2)  # (B, H, T, dk)
+        logits = (q @ k.transpose(-1, -2)).squeeze(2)  # (B, H, T)
+        if mode == "attention_mass":
+            logits = logits.masked_fill(~real[:, None, :], float("-inf")).softmax(dim=-1)
+        layer_scores.append(logits.mean(dim=1))  # (B, T), mean over heads
+    per_token = torch.stack(layer_scores).mean(dim=0)  # (B, T), mean over layers
+    per_token = per_token.masked_fill(~real, 0.0)
+
+    slot = encoding.token_passage.clamp(min=0)  # padding adds 0 to slot 0
+    sums = per_token.new_zeros(B, N).scatter_add_(1, slot, per_token)
+    if mode == "attention_mass":
+        return sums
+    counts = per_token.new_zeros(B, N).scatter_add_(1, slot, real.float())
+    return sums / counts
 
 
 @contextlib.contextmanager

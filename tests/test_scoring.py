@@ -97,3 +97,12 @@ def test_scores_independent_of_padding_and_batch(tiny_t5, batch, mode, pack):
             batch.input_ids[b : b + 1], batch.attention_mask[b : b + 1], mode
         )
         torch.testing.assert_close(together[b : b + 1], alone, equal_nan=True, atol=1e-5, rtol=1e-5)
+
+
+def test_scores_under_bf16_autocast_are_float32(tiny_t5, batch):
+    reader = FiDReader(tiny_t5).eval()
+    exact = reader.passage_scores(batch.input_ids, batch.attention_mask, "attention_mass")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = reader.passage_scores(batch.input_ids, batch.attention_mask, "attention_mass")
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, exact, atol=2e-2, rtol=5e-2, equal_nan=True)
