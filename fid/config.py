@@ -197,6 +197,61 @@ class ReaderTrainConfig(TrainingConfig, GenerationConfig):
 
 
 @dataclass(frozen=True)
+class RetrieverTrainConfig(TrainingConfig):
+    """`fid train-retriever`: distil the reader's passage scores into a bi-encoder.
+
+    Attributes:
+        n_passages: scored passages per question in the loss (those with a `score_key` value).
+        score_key: the ctx field holding the teacher score (written by `fid score-passages`).
+        question_max_tokens, passage_max_tokens: truncation of the encoder inputs.
+        pooling: "mean" (masked mean of token states, FiD's choice) or "cls".
+        projection_dim: a linear projection + LayerNorm to this size (None = encoder width).
+        shared_encoder: one encoder for questions and passages (FiD's choice) or two.
+        reader_temperature: teacher distribution = softmax(reader scores / this).
+        retriever_temperature: student distribution = softmax(retriever scores / this).
+        in_batch_negatives: the student also ranks the other questions' passages of the batch
+            (the teacher gives them probability 0).
+        eval_k: ranks at which dev agreement and answer recall are reported.
+        select_on: the dev metric that picks best_dev: "agreement@K" (the reader's top passage
+            is in the retriever's top K of the question's candidates) or "answer_recall@K".
+        eval_batch_size: questions per dev encoding batch.
+        precision: "fp32", "bf16" or "fp16" (GPU).
+    """
+
+    n_passages: int = 100
+    score_key: str = "reader_score"
+    question_max_tokens: int = 40
+    passage_max_tokens: int = 200
+    pooling: Literal["mean", "cls"] = "mean"
+    projection_dim: int | None = None
+    shared_encoder: bool = True
+    reader_temperature: float = 1.0
+    retriever_temperature: float = 1.0
+    in_batch_negatives: bool = False
+    eval_k: list[int] = dataclasses.field(default_factory=lambda: [1, 5, 20])
+    select_on: str = "agreement@5"
+    eval_batch_size: int = 16
+    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_range("n_passages", self.n_passages, low=1)
+        _check_range("question_max_tokens", self.question_max_tokens, low=4)
+        _check_range("passage_max_tokens", self.passage_max_tokens, low=8)
+        _check_range("projection_dim", self.projection_dim, low=1, allow_none=True)
+        _check_range("reader_temperature", self.reader_temperature, low=1e-6)
+        _check_range("retriever_temperature", self.retriever_temperature, low=1e-6)
+        _check_range("eval_batch_size", self.eval_batch_size, low=1)
+        if not self.eval_k or any(k < 1 for k in self.eval_k):
+            raise ConfigError(f"eval_k = {self.eval_k!r} is out of range: expected ranks >= 1")
+        allowed = [f"{m}@{k}" for m in ("agreement", "answer_recall") for k in self.eval_k]
+        if self.select_on not in allowed:
+            raise ConfigError(
+                f"select_on = {self.select_on!r} is not allowed: expected one of {allowed}"
+            )
+
+
+@dataclass(frozen=True)
 class InitReaderConfig:
     """`fid init-reader`: a tokenizer trained on a corpus and a randomly initialised T5.
 
@@ -321,6 +376,7 @@ __all__ = [
     "InitReaderConfig",
     "ReaderInputConfig",
     "ReaderTrainConfig",
+    "RetrieverTrainConfig",
     "ScorePassagesConfig",
     "TrainingConfig",
     "config_from_dict",

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import yaml
 from torch import nn
 from tqdm import tqdm
 
@@ -225,3 +227,12 @@ def _evaluate(task: TrainTask, progress: TrainingProgress, metrics, amp, state_d
             task.save_model(tmp)
             atomic_write_json(tmp / "dev_metrics.json", {"step": progress.step, **results})
         logger.info("new best dev %s %.4f at step %d", task.dev_metric, value, progress.step)
+
+
+def export_best_model(state_dir: str | Path, output_dir: str | Path, record: dict) -> None:
+    """Writes best_dev, with the run's metrics.jsonl and config, atomically to `output_dir`."""
+    state_dir = Path(state_dir)
+    with atomic_directory(output_dir) as tmp:
+        shutil.copytree(state_dir / "best_dev", tmp, dirs_exist_ok=True)
+        shutil.copy(state_dir / "metrics.jsonl", tmp / "metrics.jsonl")
+        (tmp / "train_config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))

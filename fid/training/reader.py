@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-import yaml
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
 from fid.config import ReaderTrainConfig, config_to_dict
 from fid.data import Example, ReaderCollator, choose_target, epoch_batches, load_examples
 from fid.evaluation import answer_metrics
-from fid.fileio import atomic_directory
 from fid.inference import generate_answers
 from fid.reader import FiDReader
-from fid.training.loop import run_training
+from fid.training.loop import export_best_model, run_training
 
 logger = logging.getLogger(__name__)
 
@@ -127,11 +124,7 @@ def train_reader(
     record = config_to_dict(cfg)
     progress = run_training(task, cfg, state_dir, device, cfg.precision, record)
 
-    best = Path(state_dir) / "best_dev"
-    with atomic_directory(output_dir) as tmp:
-        shutil.copytree(best, tmp, dirs_exist_ok=True)
-        shutil.copy(Path(state_dir) / "metrics.jsonl", tmp / "metrics.jsonl")
-        (tmp / "train_config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+    export_best_model(state_dir, output_dir, record)
     logger.info(
         "exported best dev model (step %s, %s %.4f) to %s",
         progress.best_step,

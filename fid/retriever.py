@@ -1,0 +1,215 @@
+"""DualEncoder: a bi-encoder retriever over any Hugging Face encoder (BERT, MiniLM, ...).
+
+Izacard & Grave 2021, "Distilling Knowledge from Reader to Retriever for Question Answering"
+(https://arxiv.org/abs/2012.04584): one encoder shared by questions and passages (or two),
+masked mean pooling (CLS optional), an optional linear projection + LayerNorm to the indexing
+dimension, and score = q . p / sqrt(D).
+
+Shapes: B questions, N passages per question, P passages in a flat batch, L tokens, D output
+dimension.
+
+Saved folder layout (`save_pretrained`):
+    dual_encoder.json     pooling, projection_dim, shared, base model name
+    question_encoder/     a plain Hugging Face model folder (+ tokenizer)
+    passage_encoder/      only when the encoders are not shared
+    head.safetensors      projection + LayerNorm weights, when projected
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModel, AutoTokenizer
+
+HEAD_FILE = "head.safetensors"
+CONFIG_FILE = "dual_encoder.json"
+
+
+@dataclass(frozen=True)
+class DualEncoderSpec:
+    """How a DualEncoder is put together (saved beside the weights)."""
+
+    pooling: Literal["mean", "cls"] = "mean"
+    projection_dim: int | None = None
+    shared: bool = True
+    base_model: str = ""
+
+
+class DualEncoder(nn.Module):
+    """Question and passage encoders with pooling and an optional projection head.
+
+    Args:
+        question_encoder: a Hugging Face encoder (AutoModel).
+        passage_encoder: a second encoder, or None to share the question encoder.
+        spec: pooling, projection and provenance.
+    """
+
+    def __init__(
+        self,
+        question_encoder: nn.Module,
+        passage_encoder: nn.Module | None,
+        spec: DualEncoderSpec,
+    ):
+        super().__init__()
+        self.question_encoder = question_encoder
+        self.passage_encoder = passage_encoder
+        self.spec = spec
+        hidden = question_encoder.config.hidden_size
+        self.proj = self.norm = None
+        if spec.projection_dim is not None:
+            self.proj = nn.Linear(hidden, spec.projection_dim)
+            self.norm = nn.LayerNorm(spec.projection_dim)
+
+    @property
+    def dim(self) -> int:
+        """Output (indexing) dimension D."""
+        return self.spec.projection_dim or self.question_encoder.config.hidden_size
+
+    def _embed(self, encoder: nn.Module, input_ids, attention_mask) -> torch.Tensor:
+        hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.spec.pooling == "cls":
+            pooled = hidden[:, 0]  # (P, H)
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (P, L, 1)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (P, H)
+        if self.proj is not None:
+            pooled = self.norm(self.proj(pooled))
+        return pooled
+
+    def encode_questions(self, input_ids, attention_mask) -> torch.Tensor:
+        """(B, L) token ids -> (B, D) embeddings."""
+        return self._embed(self.question_encoder, input_ids, attention_mask)
+
+    def encode_passages(self, input_ids, attention_mask) -> torch.Tensor:
+        """(P, L) token ids -> (P, D) embeddings."""
+        encoder = self.passage_encoder or self.question_encoder
+        return self._embed(encoder, input_ids, attention_mask)
+
+    def scores(self, questions: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
+        """Scaled dot products: questions (B, D) x passages (B, N, D) -> (B, N).
+
+        The 1/sqrt(D) scale (as in the original) only matters for the training loss; ranking
+        by raw dot product (the index) gives the same order.
+        """
+        return torch.einsum("bd,bnd->bn", questions, passages) / math.sqrt(questions.shape[-1])
+
+    def save_pretrained(self, folder: str | Path, tokenizer=None) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CONFIG_FILE).write_text(json.dumps(asdict(self.spec), indent=2) + "\n")
+        self.question_encoder.save_pretrained(folder / "question_encoder")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder / "question_encoder")
+        if self.passage_encoder is not None:
+            self.passage_encoder.save_pretrained(folder / "passage_encoder")
+        if self.proj is not None:
+            head = {f"proj.{k}": v for k, v in self.proj.state_dict().items()}
+            head.update({f"norm.{k}": v for k, v in self.norm.state_dict().items()})
+            save_file({k: v.contiguous() for k, v in head.items()}, str(folder / HEAD_FILE))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        pooling: Literal["mean", "cls"] = "mean",
+        projection_dim: int | None = None,
+        shared: bool = True,
+    ) -> tuple[DualEncoder, object]:
+        """Loads a saved DualEncoder folder, or starts one from a plain HF encoder.
+
+        For a plain encoder (hub name or folder) the keyword arguments say how to build the
+        dual encoder; for a saved DualEncoder they are ignored (its own spec is used).
+
+        Returns:
+            The model and its tokenizer.
+        """
+        path = Path(name_or_path)
+        if (path / CONFIG_FILE).is_file():
+            spec = DualEncoderSpec(**json.loads((path / CONFIG_FILE).read_text()))
+            question = AutoModel.from_pretrained(path / "question_encoder")
+            passage = None
+            if not spec.shared:
+                passage = AutoModel.from_pretrained(path / "passage_encoder")
+            model = cls(question, passage, spec)
+            if spec.projection_dim is not None:
+                head = load_file(str(path / HEAD_FILE))
+                model.proj.load_state_dict(
+                    {k[5:]: v for k, v in head.items() if k.startswith("proj.")}
+                )
+                model.norm.load_state_dict(
+                    {k[5:]: v for k, v in head.items() if k.startswith("norm.")}
+                )
+            tokenizer = AutoTokenizer.from_pretrained(path / "question_encoder")
+            return model, tokenizer
+        spec = DualEncoderSpec(pooling, projection_dim, shared, base_model=str(name_or_path))
+        question = AutoModel.from_pretrained(name_or_path)
+        passage = None if shared else AutoModel.from_pretrained(name_or_path)
+        return cls(question, passage, spec), AutoTokenizer.from_pretrained(name_or_path)
+
+
+class RetrieverTokenizer:
+    """Questions and passages to (P, L) id tensors; passages as DPR's `title [SEP] text` pair."""
+
+    def __init__(self, tokenizer, question_max_tokens: int, passage_max_tokens: int):
+        self.tokenizer = tokenizer
+        self.question_max_tokens = question_max_tokens
+        self.passage_max_tokens = passage_max_tokens
+
+    def questions(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        return self.tokenizer(
+            texts,
+            truncation=True,
+            max_length=self.question_max_tokens,
+            padding=True,
+            return_tensors="pt",
+        )
+
+    def passages(self, titles: list[str], texts: list[str]) -> dict[str, torch.Tensor]:
+        return self.tokenizer(
+            titles,
+            texts,
+            truncation="only_second",
+            max_length=self.passage_max_tokens,
+            padding=True,
+            return_tensors="pt",
+        )
+
+    def passage_lengths(self, titles: list[str], texts: list[str]) -> list[int]:
+        """Token counts of passages (for sorting by length before encoding)."""
+        encoded = self.tokenizer(
+            titles, texts, truncation="only_second", max_length=self.passage_max_tokens
+        )["input_ids"]
+        return [len(ids) for ids in encoded]
+
+
+def load_released_retriever(state_dict: dict[str, torch.Tensor], model: DualEncoder) -> None:
+    """Loads a released facebookresearch/FiD retriever state dict into a DualEncoder.
+
+    Released keys are `model.<BertModel keys>` plus `proj.*`/`norm.*` when projected.
+    """
+    encoder_state = {k[len("model.") :]: v for k, v in state_dict.items() if k.startswith("model.")}
+    missing, unexpected = model.question_encoder.load_state_dict(encoder_state, strict=False)
+    # Position ids are buffers that newer BERTs do not save.
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    unexpected = [k for k in unexpected if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise ValueError(
+            f"released retriever keys do not fit the encoder: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    if model.proj is not None:
+        model.proj.load_state_dict(
+            {k[5:]: v for k, v in state_dict.items() if k.startswith("proj.")}
+        )
+        model.norm.load_state_dict(
+            {k[5:]: v for k, v in state_dict.items() if k.startswith("norm.")}
+        )
+    elif any(k.startswith(("proj.", "norm.")) for k in state_dict):
+        raise ValueError("the released retriever has a projection head: set projection_dim")

@@ -1,0 +1,240 @@
+"""train_retriever(): distil the reader's passage scores into a DualEncoder.
+
+Loss (Izacard & Grave 2021, https://arxiv.org/abs/2012.04584): for each question,
+KL(softmax(reader scores / T_r) || softmax(retriever scores / T_q)) over its scored passages,
+optionally with the batch's other passages as extra negatives (teacher probability 0). Dev metrics
+run over the WHOLE dev set: whether the reader's top passage is in the retriever's top k
+(agreement@k) and whether the retriever's top k holds an answer (answer_recall@k).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fid.config import RetrieverTrainConfig, config_to_dict
+from fid.data import DataError, Example, epoch_batches, load_examples
+from fid.has_answer import AnswerMatcher
+from fid.retriever import DualEncoder, RetrieverTokenizer
+from fid.training.loop import export_best_model, run_training
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DistillationExample:
+    """A question with the passages the reader scored.
+
+    Attributes:
+        question: the question text.
+        titles, texts: the N scored passages.
+        teacher: (N,) reader scores.
+        has_answer: N flags (None when the question has no answers).
+    """
+
+    question: str
+    titles: list[str]
+    texts: list[str]
+    teacher: torch.Tensor
+    has_answer: list[bool] | None
+
+
+def distillation_examples(
+    examples: Sequence[Example], n_passages: int, score_key: str, source: str
+) -> list[DistillationExample]:
+    """The scored passages of each question (first `n_passages` that carry `score_key`)."""
+    out = []
+    for example in examples:
+        ctxs = [c for c in example.ctxs if c.get(score_key) is not None][:n_passages]
+        if not ctxs:
+            raise DataError(
+                f"{source}: question {example.id!r} has no ctx with a '{score_key}' value. "
+                "Hint: run `fid score-passages` on this file first."
+            )
+        flags = None
+        if example.answers:
+            matcher = AnswerMatcher(example.answers)
+            flags = [
+                bool(c["has_answer"]) if "has_answer" in c else matcher.matches(c["text"])
+                for c in ctxs
+            ]
+        out.append(
+            DistillationExample(
+                question=example.question,
+                titles=[c["title"] for c in ctxs],
+                texts=[c["text"] for c in ctxs],
+                teacher=torch.tensor([float(c[score_key]) for c in ctxs]),
+                has_answer=flags,
+            )
+        )
+    return out
+
+
+def distillation_loss(
+    question_embeddings: torch.Tensor,
+    passage_embeddings: torch.Tensor,
+    owner: torch.Tensor,
+    teacher: torch.Tensor,
+    reader_temperature: float,
+    retriever_temperature: float,
+    in_batch_negatives: bool,
+) -> torch.Tensor:
+    """Mean over questions of KL(teacher || student).
+
+    Args:
+        question_embeddings: (B, D).
+        passage_embeddings: (P, D), the batch's passages, question by question.
+        owner: (P,) the question index of each passage.
+        teacher: (P,) reader scores.
+
+    Returns:
+        A scalar loss.
+    """
+    B, D = question_embeddings.shape
+    # (B, P) student logits, scaled as in the original: q . p / sqrt(D).
+    logits = question_embeddings @ passage_embeddings.T / D**0.5 / retriever_temperature
+    own = owner[None, :] == torch.arange(B, device=owner.device)[:, None]  # (B, P)
+    if not in_batch_negatives:
+        logits = logits.masked_fill(~own, float("-inf"))
+    log_student = logits.float().log_softmax(dim=-1)
+    teacher_logits = (teacher / reader_temperature).float()[None, :].expand(B, -1)
+    target = teacher_logits.masked_fill(~own, float("-inf")).softmax(dim=-1)  # 0 off own
+    # xlogy: 0 * log 0 = 0 where the teacher gives no mass.
+    kl = torch.xlogy(target, target) - target * log_student.masked_fill(~own, 0.0)
+    return kl.sum(dim=-1).mean()
+
+
+class RetrieverTask:
+    """The retriever as a `TrainTask`."""
+
+    def __init__(
+        self,
+        model: DualEncoder,
+        tokenizer,
+        cfg: RetrieverTrainConfig,
+        train: Sequence[DistillationExample],
+        dev: Sequence[DistillationExample],
+        device: torch.device,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.encode = RetrieverTokenizer(tokenizer, cfg.question_max_tokens, cfg.passage_max_tokens)
+        self.cfg = cfg
+        self.train = train
+        self.dev = dev
+        self.device = device
+        self.dev_metric = cfg.select_on
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        return epoch_batches(
+            len(self.train), self.cfg.batch_size_per_device, seed=self.cfg.seed, epoch=epoch
+        )
+
+    def _embed(self, examples: Sequence[DistillationExample]):
+        questions = self.encode.questions([e.question for e in examples]).to(self.device)
+        passages = self.encode.passages(
+            [t for e in examples for t in e.titles], [t for e in examples for t in e.texts]
+        ).to(self.device)
+        q = self.model.encode_questions(questions["input_ids"], questions["attention_mask"])
+        p = self.model.encode_passages(passages["input_ids"], passages["attention_mask"])
+        return q, p
+
+    def loss(self, indices: list[int]) -> torch.Tensor:
+        examples = [self.train[i] for i in indices]
+        q, p = self._embed(examples)
+        owner = torch.cat(
+            [torch.full((len(e.texts),), b, dtype=torch.long) for b, e in enumerate(examples)]
+        ).to(self.device)
+        teacher = torch.cat([e.teacher for e in examples]).to(self.device)
+        return distillation_loss(
+            q,
+            p,
+            owner,
+            teacher,
+            self.cfg.reader_temperature,
+            self.cfg.retriever_temperature,
+            self.cfg.in_batch_negatives,
+        )
+
+    def rankings(self, examples: Sequence[DistillationExample]) -> list[list[int]]:
+        """The retriever's order of each question's candidate passages (best first)."""
+        orders = []
+        for start in range(0, len(examples), self.cfg.eval_batch_size):
+            batch = examples[start : start + self.cfg.eval_batch_size]
+            q, p = self._embed(batch)
+            offset = 0
+            for b, example in enumerate(batch):
+                n = len(example.texts)
+                scores = (p[offset : offset + n].float() @ q[b].float()).cpu()
+                orders.append(torch.argsort(scores, descending=True, stable=True).tolist())
+                offset += n
+        return orders
+
+    def evaluate(self) -> dict[str, float]:
+        return ranking_metrics(self.dev, self.rankings(self.dev), self.cfg.eval_k)
+
+    def save_model(self, path: Path) -> None:
+        self.model.save_pretrained(path, tokenizer=self.tokenizer)
+
+
+def ranking_metrics(
+    examples: Sequence[DistillationExample], orders: Sequence[list[int]], ks: Sequence[int]
+) -> dict[str, float]:
+    """agreement@k and answer_recall@k (percent) of rankings of each question's candidates."""
+    metrics: dict[str, float] = {}
+    labeled = [(e, o) for e, o in zip(examples, orders, strict=True) if e.has_answer is not None]
+    for k in ks:
+        agree = [
+            int(torch.argmax(e.teacher)) in o[:k] for e, o in zip(examples, orders, strict=True)
+        ]
+        metrics[f"agreement@{k}"] = 100 * sum(agree) / len(agree)
+        if labeled:
+            recall = [any(e.has_answer[i] for i in o[:k]) for e, o in labeled]
+            metrics[f"answer_recall@{k}"] = 100 * sum(recall) / len(recall)
+    metrics["n"] = len(examples)
+    return metrics
+
+
+def train_retriever(
+    cfg: RetrieverTrainConfig,
+    train_path: Path,
+    dev_path: Path,
+    init_model: str,
+    output_dir: Path,
+    state_dir: Path,
+    device: torch.device,
+) -> dict:
+    """Distils a retriever and writes its best dev model to `output_dir`.
+
+    Returns:
+        The exported model's best step and dev metric.
+    """
+    train = distillation_examples(
+        load_examples(train_path), cfg.n_passages, cfg.score_key, str(train_path)
+    )
+    dev = distillation_examples(
+        load_examples(dev_path), cfg.n_passages, cfg.score_key, str(dev_path)
+    )
+    if cfg.select_on.startswith("answer_recall") and all(e.has_answer is None for e in dev):
+        raise DataError(f"{dev_path}: select_on {cfg.select_on} needs dev questions with answers")
+    logger.info("%d training and %d dev questions", len(train), len(dev))
+    model, tokenizer = DualEncoder.from_pretrained(
+        init_model, cfg.pooling, cfg.projection_dim, cfg.shared_encoder
+    )
+    model.to(device)
+    task = RetrieverTask(model, tokenizer, cfg, train, dev, device)
+    record = config_to_dict(cfg)
+    progress = run_training(task, cfg, state_dir, device, cfg.precision, record)
+    export_best_model(state_dir, output_dir, record)
+    logger.info(
+        "exported best dev retriever (step %s, %s %.2f) to %s",
+        progress.best_step,
+        cfg.select_on,
+        progress.best_metric,
+        output_dir,
+    )
+    return {"best_step": progress.best_step, cfg.select_on: progress.best_metric}
