@@ -279,6 +279,35 @@ class InitReaderConfig:
         _check_range("relative_attention_num_buckets", self.relative_attention_num_buckets, low=2)
 
 
+@dataclass(frozen=True)
+class InitRetrieverConfig:
+    """`fid init-retriever`: a WordPiece tokenizer trained on a corpus and a random BERT.
+
+    For demos and tests; real runs start from a pretrained encoder (bert-base-uncased, ...).
+    """
+
+    seed: int = 0
+    vocab_size: int = 3000
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            _check_range(name, getattr(self, name), low=1)
+        _check_range("vocab_size", self.vocab_size, low=100)
+        _check_range("max_position_embeddings", self.max_position_embeddings, low=8)
+        _check_range("dropout", self.dropout, low=0.0, high=1.0)
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"hidden_size = {self.hidden_size} is not allowed: expected a multiple of "
+                f"num_heads ({self.num_heads})"
+            )
+
+
 T = TypeVar("T")
 
 
@@ -374,6 +403,7 @@ __all__ = [
     "EvalReaderConfig",
     "GenerationConfig",
     "InitReaderConfig",
+    "InitRetrieverConfig",
     "ReaderInputConfig",
     "ReaderTrainConfig",
     "RetrieverTrainConfig",

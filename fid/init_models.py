@@ -9,10 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+from transformers import (
+    BertConfig,
+    BertModel,
+    PreTrainedTokenizerFast,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 
-from fid.config import InitReaderConfig
+from fid.config import InitReaderConfig, InitRetrieverConfig
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 
@@ -63,3 +77,54 @@ def init_reader(config: InitReaderConfig, vocab_size: int) -> T5ForConditionalGe
     )
     torch.manual_seed(config.seed)
     return T5ForConditionalGeneration(t5_config)
+
+
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """An uncased WordPiece tokenizer in BERT's layout: `[CLS] A [SEP]` and
+    `[CLS] A [SEP] B [SEP]` with token type ids, [PAD] = 0."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=BERT_SPECIALS, show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def init_retriever(config: InitRetrieverConfig, vocab_size: int) -> BertModel:
+    """A randomly initialised BERT encoder (seeded) for a tokenizer with `vocab_size` ids."""
+    import torch
+
+    bert_config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings,
+        hidden_dropout_prob=config.dropout,
+        attention_probs_dropout_prob=config.dropout,
+        pad_token_id=0,
+    )
+    torch.manual_seed(config.seed)
+    return BertModel(bert_config, add_pooling_layer=False)
