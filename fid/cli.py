@@ -148,6 +148,137 @@ def cmd_convert_checkpoint(args) -> None:
     convert_reader_checkpoint(args.checkpoint, args.output, tokenizer=args.tokenizer)
 
 
+def cmd_init_retriever(args) -> None:
+    from fid.config import InitRetrieverConfig, load_config
+    from fid.corpus import corpus_texts
+    from fid.fileio import atomic_directory
+    from fid.init_models import init_retriever, train_bert_tokenizer
+
+    cfg = load_config(args.config, InitRetrieverConfig)
+    texts = list(corpus_texts(args.corpus))
+    tokenizer = train_bert_tokenizer(texts, cfg.vocab_size)
+    encoder = init_retriever(cfg, vocab_size=len(tokenizer))
+    with atomic_directory(args.output) as tmp:
+        encoder.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    logger.info(
+        "wrote a random BERT encoder and a %d-piece tokenizer to %s", len(tokenizer), args.output
+    )
+
+
+def cmd_train_retriever(args) -> None:
+    from fid.config import RetrieverTrainConfig, load_config
+    from fid.training.retriever import train_retriever
+
+    cfg = load_config(args.config, RetrieverTrainConfig)
+    result = train_retriever(
+        cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, _device()
+    )
+    logger.info("done: %s", result)
+
+
+def cmd_build_bm25(args) -> None:
+    from fid.bm25 import BM25Config, build_bm25_index
+    from fid.config import load_config
+
+    build_bm25_index(args.passages, args.output, load_config(args.config, BM25Config))
+
+
+def cmd_retrieve_bm25(args) -> None:
+    from fid.bm25 import BM25Config, retrieve_bm25
+    from fid.config import load_config
+    from fid.fileio import atomic_write_json
+    from fid.questions import load_questions
+
+    cfg = load_config(args.config, BM25Config)
+    questions = load_questions(args.questions)
+    records = retrieve_bm25(args.index, args.passages, questions, cfg)
+    atomic_write_json(args.output, records)
+    logger.info(
+        "retrieved %d passages for %d questions into %s", cfg.top_k, len(records), args.output
+    )
+
+
+def _load_retriever(model: Path, question_max_tokens: int, passage_max_tokens: int, device):
+    from fid.retriever import DualEncoder, RetrieverTokenizer
+
+    retriever, tokenizer = DualEncoder.from_pretrained(model)
+    retriever.to(device).eval()
+    return retriever, RetrieverTokenizer(tokenizer, question_max_tokens, passage_max_tokens)
+
+
+def cmd_embed_passages(args) -> None:
+    from fid.config import EmbedPassagesConfig, load_config
+    from fid.dense import embed_passages
+    from fid.index import save_embedding_shard
+    from fid.passages import iter_passages, passage_shard_bounds
+
+    cfg = load_config(args.config, EmbedPassagesConfig)
+    start, end = passage_shard_bounds(args.passages, args.shard, args.n_shards)
+    device = _device()
+    retriever, encode = _load_retriever(args.model, 8, cfg.passage_max_tokens, device)
+    embeddings, ids = embed_passages(
+        retriever, encode, iter_passages(args.passages, start, end), cfg, device
+    )
+    save_embedding_shard(
+        args.output, embeddings, ids, args.shard, args.n_shards, model=str(args.model)
+    )
+    logger.info("embedded %d passages (shard %d of %d)", len(ids), args.shard, args.n_shards)
+
+
+def cmd_build_index(args) -> None:
+    from fid.config import load_config
+    from fid.index import IndexConfig, PassageIndex, load_embedding_shards
+
+    cfg = load_config(args.config, IndexConfig)
+    embeddings, ids, meta = load_embedding_shards(args.shards)
+    index = PassageIndex.build(embeddings, ids, cfg, model=meta["model"])
+    index.save(args.output)
+    logger.info("indexed %d passages (%s) into %s", index.count, cfg.factory, args.output)
+
+
+def cmd_retrieve(args) -> None:
+    from fid.config import RetrieveConfig, load_config
+    from fid.dense import retrieve
+    from fid.fileio import atomic_write_json
+    from fid.index import PassageIndex
+    from fid.questions import load_questions
+
+    cfg = load_config(args.config, RetrieveConfig)
+    questions = load_questions(args.questions)
+    device = _device()
+    retriever, encode = _load_retriever(args.model, cfg.question_max_tokens, 8, device)
+    index = PassageIndex.load(args.index, expected_dim=retriever.dim)
+    records = retrieve(retriever, encode, index, args.passages, questions, cfg, device)
+    atomic_write_json(args.output, records)
+    logger.info(
+        "retrieved %d passages for %d questions into %s", cfg.top_k, len(records), args.output
+    )
+
+
+def cmd_eval_retrieval(args) -> None:
+    from fid.config import EvalRetrievalConfig, load_config
+    from fid.data import load_examples
+    from fid.evaluation import retrieval_accuracy
+    from fid.fileio import atomic_write_json
+
+    cfg = load_config(args.config, EvalRetrievalConfig)
+    examples = load_examples(args.questions)
+    metrics = retrieval_accuracy(
+        [e.answers for e in examples],
+        [e.ctxs for e in examples],
+        cfg.ks,
+        cfg.has_answer_mode,
+        cfg.recompute_has_answer,
+    )
+    atomic_write_json(args.output, metrics)
+    if metrics["n_scored"] == 0:
+        logger.warning("no question has gold answers: nothing to score (%s)", args.questions)
+        return
+    table = "  ".join(f"top-{k} {metrics['accuracy'][str(k)]:.1f}" for k in cfg.ks)
+    logger.info("retrieval accuracy over %d questions: %s", metrics["n_scored"], table)
+
+
 def cmd_make_demo_data(args) -> None:
     from fid.config import load_config
     from fid.demo_data import DemoDataConfig, write_demo_data
@@ -200,6 +331,51 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint", type=Path, required=True, help="folder or pytorch_model.bin")
     c.add_argument("--tokenizer", help="tokenizer to save beside it (e.g. t5-base)")
     c.add_argument("--output", type=Path, required=True, help="model folder to write")
+
+    c = add(
+        "init-retriever", cmd_init_retriever, "Train a WordPiece tokenizer; build a random BERT."
+    )
+    c.add_argument("--corpus", type=Path, nargs="+", required=True, help="passage TSV / FiD json")
+    c.add_argument("--output", type=Path, required=True, help="encoder folder to write")
+
+    c = add("train-retriever", cmd_train_retriever, "Distil reader scores into a retriever.")
+    c.add_argument("--train", type=Path, required=True, help="questions scored by the reader")
+    c.add_argument("--dev", type=Path, required=True, help="dev questions scored by the reader")
+    c.add_argument("--init-model", required=True, help="encoder name or folder to start from")
+    c.add_argument("--output", type=Path, required=True, help="final retriever folder")
+    c.add_argument("--state-dir", type=Path, required=True, help="checkpoints, logs, metrics")
+
+    c = add("build-bm25", cmd_build_bm25, "Build a BM25 index of a passage file.")
+    c.add_argument("--passages", type=Path, required=True, help="DPR-style passage TSV")
+    c.add_argument("--output", type=Path, required=True, help="index folder to write")
+
+    c = add("retrieve-bm25", cmd_retrieve_bm25, "Retrieve passages with a BM25 index.")
+    c.add_argument("--index", type=Path, required=True, help="folder from build-bm25")
+    c.add_argument("--passages", type=Path, required=True, help="the indexed passage TSV")
+    c.add_argument("--questions", type=Path, required=True, help="NQ/DPR/TriviaQA/FiD questions")
+    c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
+
+    c = add("embed-passages", cmd_embed_passages, "Embed one shard of a passage file.")
+    c.add_argument("--model", type=Path, required=True, help="retriever folder")
+    c.add_argument("--passages", type=Path, required=True, help="DPR-style passage TSV")
+    c.add_argument("--shard", type=int, default=0, help="this shard (0-based)")
+    c.add_argument("--n-shards", type=int, default=1, help="number of shards")
+    c.add_argument("--output", type=Path, required=True, help="shard prefix (PREFIX.npy, ...)")
+
+    c = add("build-index", cmd_build_index, "Build a faiss index from embedding shards.")
+    c.add_argument("--shards", type=Path, nargs="+", required=True, help="shard prefixes")
+    c.add_argument("--output", type=Path, required=True, help="index folder to write")
+
+    c = add("retrieve", cmd_retrieve, "Dense retrieval with a retriever and its index.")
+    c.add_argument("--model", type=Path, required=True, help="retriever folder")
+    c.add_argument("--index", type=Path, required=True, help="folder from build-index")
+    c.add_argument("--passages", type=Path, required=True, help="the indexed passage TSV")
+    c.add_argument("--questions", type=Path, required=True, help="NQ/DPR/TriviaQA/FiD questions")
+    c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
+
+    c = add("eval-retrieval", cmd_eval_retrieval, "Top-k retrieval accuracy (DPR has-answer).")
+    c.add_argument("--questions", type=Path, required=True, help="FiD-format retrieved questions")
+    c.add_argument("--output", type=Path, required=True, help="metrics json to write")
 
     c = add("make-demo-data", cmd_make_demo_data, "Write the synthetic demo world.")
     c.add_argument("--output", type=Path, required=True, help="folder to write")

@@ -252,6 +252,81 @@ class RetrieverTrainConfig(TrainingConfig):
 
 
 @dataclass(frozen=True)
+class EmbedPassagesConfig:
+    """`fid embed-passages`: one shard of the passage file into float16 embeddings.
+
+    Attributes:
+        batch_size: passages per encoder call.
+        passage_max_tokens: truncation of `title [SEP] text` (as in retriever training).
+        sort_by_length: sort passages by token count within chunks, so a batch is padded only
+            to its own longest passage.
+        sort_chunk: passages read, sorted and embedded together (bounds memory on 21M rows).
+        pad_to_max_length: pad every batch to `passage_max_tokens` (a baseline for comparison).
+        precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
+    """
+
+    batch_size: int = 128
+    passage_max_tokens: int = 200
+    sort_by_length: bool = True
+    sort_chunk: int = 65536
+    pad_to_max_length: bool = False
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+
+    def __post_init__(self):
+        _check_range("batch_size", self.batch_size, low=1)
+        _check_range("passage_max_tokens", self.passage_max_tokens, low=8)
+        _check_range("sort_chunk", self.sort_chunk, low=1)
+
+
+@dataclass(frozen=True)
+class RetrieveConfig:
+    """`fid retrieve`: encode questions, search the index, write FiD records.
+
+    Attributes:
+        top_k: passages kept per question.
+        batch_size: questions per encoder call.
+        question_max_tokens: truncation of questions (as in retriever training).
+        nprobe, ef_search: IVF / HNSW search breadth; None keeps the index's own settings.
+        has_answer_mode: DPR's "string" rule, or "regex" for answers given as patterns.
+        precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
+    """
+
+    top_k: int = 100
+    batch_size: int = 64
+    question_max_tokens: int = 40
+    nprobe: int | None = None
+    ef_search: int | None = None
+    has_answer_mode: Literal["string", "regex"] = "string"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+
+    def __post_init__(self):
+        _check_range("top_k", self.top_k, low=1)
+        _check_range("batch_size", self.batch_size, low=1)
+        _check_range("question_max_tokens", self.question_max_tokens, low=4)
+        _check_range("nprobe", self.nprobe, low=1, allow_none=True)
+        _check_range("ef_search", self.ef_search, low=1, allow_none=True)
+
+
+@dataclass(frozen=True)
+class EvalRetrievalConfig:
+    """`fid eval-retrieval`: top-k accuracy of retrieved passages (DPR's has-answer rule).
+
+    Attributes:
+        ks: the ranks reported.
+        has_answer_mode: "string" (DPR) or "regex" (answers are patterns).
+        recompute_has_answer: ignore the ctxs' own `has_answer` flags and recompute them.
+    """
+
+    ks: list[int] = dataclasses.field(default_factory=lambda: [1, 5, 10, 20, 50, 100])
+    has_answer_mode: Literal["string", "regex"] = "string"
+    recompute_has_answer: bool = False
+
+    def __post_init__(self):
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise ConfigError(f"ks = {self.ks!r} is out of range: expected ranks >= 1")
+
+
+@dataclass(frozen=True)
 class InitReaderConfig:
     """`fid init-reader`: a tokenizer trained on a corpus and a randomly initialised T5.
 
@@ -400,12 +475,15 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
 __all__ = [
     "ConfigError",
+    "EmbedPassagesConfig",
     "EvalReaderConfig",
+    "EvalRetrievalConfig",
     "GenerationConfig",
     "InitReaderConfig",
     "InitRetrieverConfig",
     "ReaderInputConfig",
     "ReaderTrainConfig",
+    "RetrieveConfig",
     "RetrieverTrainConfig",
     "ScorePassagesConfig",
     "TrainingConfig",

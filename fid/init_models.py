@@ -82,16 +82,21 @@ def init_reader(config: InitReaderConfig, vocab_size: int) -> T5ForConditionalGe
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """An uncased WordPiece tokenizer in BERT's layout: `[CLS] A [SEP]` and
-    `[CLS] A [SEP] B [SEP]` with token type ids, [PAD] = 0."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+def train_bert_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """An uncased subword tokenizer in BERT's layout: `[CLS] A [SEP]` and
+    `[CLS] A [SEP] B [SEP]` with token type ids, [PAD] = 0.
+
+    The vocabulary is learnt with plain BPE: the `tokenizers` WordPiece trainer (and BPE with a
+    `##` continuation prefix) break ties differently from run to run (tokenizers 0.23), and a
+    tokenizer must come out the same every time the pipeline is rebuilt. Retrieval never
+    decodes, so pieces need no continuation marks.
+    """
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Digits(individual_digits=True)]
     )
-    tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(
+    trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=BERT_SPECIALS, show_progress=False
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)

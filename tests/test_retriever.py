@@ -10,7 +10,7 @@ from conftest import write_json
 
 from fid.config import InitRetrieverConfig, RetrieverTrainConfig
 from fid.data import load_examples
-from fid.init_models import init_retriever, train_wordpiece_tokenizer
+from fid.init_models import init_retriever, train_bert_tokenizer
 from fid.retriever import DualEncoder, DualEncoderSpec, load_released_retriever
 from fid.synthetic import WorldConfig, build_world, reader_examples
 from fid.training.retriever import (
@@ -31,7 +31,7 @@ def world():
 def wordpiece(world):
     texts = [p.title + " " + p.text for p in world.passages]
     texts += [q.question for qs in world.splits.values() for q in qs]
-    return train_wordpiece_tokenizer(texts, vocab_size=600)
+    return train_bert_tokenizer(texts, vocab_size=600)
 
 
 def _encoder(wordpiece, seed=0, **overrides):
@@ -175,3 +175,13 @@ def test_distilled_retriever_learns_the_teachers_ranking(tmp_path, world, wordpi
     assert after["agreement@1"] > 2 * before["agreement@1"], (before, after)
     assert after["agreement@3"] > 85, (before, after)
     assert after["answer_recall@1"] > before["answer_recall@1"]
+
+
+def test_tokenizers_are_reproducible(world):
+    """Rebuilding the pipeline must rebuild the same vocabulary (tokenizers' WordPiece trainer
+    does not: it breaks ties at random)."""
+    from fid.init_models import train_tokenizer
+
+    texts = [p.title + " " + p.text for p in world.passages]
+    for train in (train_bert_tokenizer, train_tokenizer):
+        assert train(texts, 600).get_vocab() == train(texts, 600).get_vocab()

@@ -57,7 +57,12 @@ class TrainTask(Protocol):
 
 
 def autocast(device: torch.device, precision: str):
-    """The mixed-precision context of a precision setting ("fp32", "bf16", "fp16")."""
+    """The mixed-precision context of a precision setting ("auto", "fp32", "bf16", "fp16").
+
+    "auto" is bf16 on a GPU and fp32 on a CPU (where bf16 matmuls of small models are slower).
+    """
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "fp16" and device.type != "cuda":

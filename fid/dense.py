@@ -1,0 +1,165 @@
+"""Dense retrieval: passage embeddings by shard, question encoding, index search.
+
+`embed_passages` reads one contiguous shard of the passage file (so shards run as separate jobs),
+sorts passages by token length within chunks, so each batch is padded only to its own longest,
+and writes float16 embeddings with the passage ids. `retrieve` encodes questions, searches the
+faiss index and writes FiD-format records with `has_answer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from itertools import islice
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from fid.config import EmbedPassagesConfig, RetrieveConfig
+from fid.has_answer import AnswerMatcher
+from fid.index import PassageIndex
+from fid.passages import Passage, fetch_passages
+from fid.retriever import DualEncoder, RetrieverTokenizer
+from fid.training.loop import autocast
+
+logger = logging.getLogger(__name__)
+
+
+def _chunks(items: Iterator, size: int) -> Iterator[list]:
+    while chunk := list(islice(items, size)):
+        yield chunk
+
+
+@torch.no_grad()
+def embed_passages(
+    model: DualEncoder,
+    encode: RetrieverTokenizer,
+    passages: Iterator[Passage],
+    cfg: EmbedPassagesConfig,
+    device: torch.device,
+    total: int | None = None,
+) -> tuple[np.ndarray, list[str]]:
+    """Embeds passages in input order.
+
+    Args:
+        model: the retriever (its passage encoder is used).
+        encode: tokenization of `title [SEP] text` pairs.
+        passages: the passages of one shard.
+        cfg: batch size, chunking for length sorting, precision.
+        device: where the model is.
+        total: passage count for the progress bar, when known.
+
+    Returns:
+        (n, D) float16 embeddings and the n passage ids.
+    """
+    model.eval()
+    parts, ids = [], []
+    bar = tqdm(total=total, desc="embed", unit="passage", disable=not sys.stderr.isatty())
+    amp = autocast(device, cfg.precision)
+    for chunk in _chunks(iter(passages), cfg.sort_chunk):
+        titles = [p.title for p in chunk]
+        texts = [p.text for p in chunk]
+        order = list(range(len(chunk)))
+        if cfg.sort_by_length:
+            lengths = encode.passage_lengths(titles, texts)
+            order.sort(key=lambda i: lengths[i])
+        embedded = np.empty((len(chunk), model.dim), dtype=np.float16)
+        for start in range(0, len(order), cfg.batch_size):
+            rows = order[start : start + cfg.batch_size]
+            batch = encode.passages([titles[i] for i in rows], [texts[i] for i in rows])
+            if cfg.pad_to_max_length:  # the fixed-padding baseline of the benchmark
+                batch = encode.tokenizer(
+                    [titles[i] for i in rows],
+                    [texts[i] for i in rows],
+                    truncation="only_second",
+                    max_length=cfg.passage_max_tokens,
+                    padding="max_length",
+                    return_tensors="pt",
+                )
+            with amp:
+                vectors = model.encode_passages(
+                    batch["input_ids"].to(device), batch["attention_mask"].to(device)
+                )
+            embedded[rows] = vectors.float().cpu().numpy()
+            bar.update(len(rows))
+        parts.append(embedded)
+        ids.extend(p.id for p in chunk)
+    bar.close()
+    if not parts:
+        return np.empty((0, model.dim), dtype=np.float16), []
+    return np.concatenate(parts), ids
+
+
+@torch.no_grad()
+def encode_questions(
+    model: DualEncoder,
+    encode: RetrieverTokenizer,
+    questions: Sequence[str],
+    batch_size: int,
+    device: torch.device,
+    precision: str,
+) -> np.ndarray:
+    """(q, D) float32 question embeddings in input order."""
+    model.eval()
+    out = np.empty((len(questions), model.dim), dtype=np.float32)
+    with autocast(device, precision):
+        for start in range(0, len(questions), batch_size):
+            batch = encode.questions(list(questions[start : start + batch_size])).to(device)
+            vectors = model.encode_questions(batch["input_ids"], batch["attention_mask"])
+            out[start : start + len(vectors)] = vectors.float().cpu().numpy()
+    return out
+
+
+def retrieval_records(
+    questions: Sequence[dict],
+    ranked_ids: Sequence[Sequence[str]],
+    scores: np.ndarray | Sequence[Sequence[float]],
+    passages: dict[str, Passage],
+    has_answer_mode: str,
+) -> list[dict]:
+    """FiD records: each question with its ranked ctxs {id, title, text, score, has_answer}.
+
+    `has_answer` follows DPR's rule (False for questions without answers).
+    """
+    records = []
+    for question, ids, row in zip(questions, ranked_ids, scores, strict=True):
+        matcher = (
+            AnswerMatcher(question["answers"], has_answer_mode) if question["answers"] else None
+        )
+        ctxs = []
+        for passage_id, score in zip(ids, row, strict=False):
+            passage = passages[passage_id]
+            ctxs.append(
+                {
+                    "id": passage.id,
+                    "title": passage.title,
+                    "text": passage.text,
+                    "score": float(score),
+                    "has_answer": bool(matcher and matcher.matches(passage.text)),
+                }
+            )
+        records.append({**question, "ctxs": ctxs})
+    return records
+
+
+def retrieve(
+    model: DualEncoder,
+    encode: RetrieverTokenizer,
+    index: PassageIndex,
+    passages_path,
+    questions: Sequence[dict],
+    cfg: RetrieveConfig,
+    device: torch.device,
+) -> list[dict]:
+    """Dense retrieval of the top `cfg.top_k` passages of each question, as FiD records."""
+    vectors = encode_questions(
+        model, encode, [q["question"] for q in questions], cfg.batch_size, device, cfg.precision
+    )
+    if cfg.nprobe is not None or cfg.ef_search is not None:
+        index.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search)
+    scores, ranked_ids = index.search(vectors, cfg.top_k)
+    needed = {passage_id for ids in ranked_ids for passage_id in ids}
+    passages = fetch_passages(passages_path, needed)
+    return retrieval_records(questions, ranked_ids, scores, passages, cfg.has_answer_mode)

@@ -1,0 +1,254 @@
+"""Question files in the formats users bring, read into one shape.
+
+`load_questions` returns `{"id": str, "question": str, "answers": list[str]}` records from:
+
+- NQ-open jsonl: `{"question": ..., "answer": [...]}` per line (google-research-datasets/
+  natural-questions, `nq_open/`);
+- FiD json (a list) or jsonl: `{"id"?, "question", "answers"?, "target"?, "ctxs"?}` (the format
+  of facebookresearch/FiD; DPR's retriever-training json has the same keys); ctxs are ignored;
+- DPR qas TSV (`.tsv` or DPR's `.csv`): `question<TAB>python-list-of-answers`, csv quoting, no
+  header (facebookresearch/DPR `data.retriever.qas.*`);
+- TriviaQA's raw json: `{"Data": [{"Question", "QuestionId", "Answer": {"Aliases", ...}}]}`;
+  the answers are the Aliases (the list DPR and FiD evaluate against), duplicates dropped.
+
+The suffix picks json or TSV (other suffixes are sniffed) and the content picks the rest.
+Answers may be missing (unlabeled questions get []); retrieval needs none. A record without an
+id gets "{file stem}-{index}" (0-based).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fid.data import DataError
+from fid.passages import check_unique_ids
+
+logger = logging.getLogger(__name__)
+
+EXPECTED_FORMATS = (
+    "NQ-open jsonl ({question, answer: [...]}), FiD json/jsonl ({id?, question, answers?}), "
+    "DPR qas TSV (question<TAB>['answer', ...]) or TriviaQA json "
+    "({Data: [{Question, QuestionId, Answer: {Aliases}}]})"
+)
+_JSON_SUFFIXES = (".json", ".jsonl")
+_TSV_SUFFIXES = (".tsv", ".csv")
+
+
+def _unknown_format(path: Path, where: str, found: str) -> DataError:
+    return DataError(f"{path}: {where}: expected one of {EXPECTED_FORMATS}; found {found}")
+
+
+def _answer_list(value: Any, where: str, key: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise DataError(f"{where}: field {key!r} must be a list of strings, got {value!r:.100}")
+    return list(value)
+
+
+def _dedupe(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _question_from_record(record: Any, where: str, default_id: str) -> dict:
+    """One NQ-open or FiD record as a question dict."""
+    if not isinstance(record, dict) or "question" not in record:
+        found = (
+            f"keys {sorted(record)[:10]}"
+            if isinstance(record, dict)
+            else f"a {type(record).__name__}"
+        )
+        raise DataError(
+            f"{where}: expected a question record with a 'question' field "
+            f"(NQ-open or FiD format), found {found}"
+        )
+    question = record["question"]
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: field 'question' must be a non-empty string, got {question!r}")
+    # FiD and DPR call the gold list "answers", NQ-open "answer"; a FiD record with only a
+    # training "target" is labeled with that target.
+    if record.get("answers") is not None:
+        answers = _answer_list(record["answers"], where, "answers")
+    elif record.get("answer") is not None:
+        answers = _answer_list(record["answer"], where, "answer")
+    elif isinstance(record.get("target"), str):
+        answers = [record["target"]]
+    else:
+        answers = []
+    id_ = record.get("id")
+    return {
+        "id": default_id if id_ is None else str(id_),
+        "question": question,
+        "answers": answers,
+    }
+
+
+def _load_triviaqa(path: Path, data: dict) -> list[dict]:
+    items = data["Data"]
+    if not isinstance(items, list):
+        raise DataError(
+            f"{path}: TriviaQA field 'Data' must be a list, got a {type(items).__name__}"
+        )
+    questions = []
+    for index, item in enumerate(items):
+        where = f"{path}: Data[{index}]"
+        if not isinstance(item, dict) or not isinstance(item.get("Question"), str):
+            raise DataError(f"{where}: expected a TriviaQA record with a 'Question' string")
+        if not item["Question"].strip():
+            raise DataError(f"{where}: empty 'Question'")
+        answer = item.get("Answer") or {}
+        if not isinstance(answer, dict):
+            raise DataError(f"{where}: 'Answer' must be an object, got {answer!r:.100}")
+        aliases = _answer_list(answer.get("Aliases", []), where, "Answer.Aliases")
+        if not aliases and isinstance(answer.get("Value"), str):
+            aliases = [answer["Value"]]
+        question_id = item.get("QuestionId")
+        questions.append(
+            {
+                "id": f"{path.stem}-{index}" if question_id is None else str(question_id),
+                "question": item["Question"],
+                "answers": _dedupe(aliases),
+            }
+        )
+    return questions
+
+
+def _jsonl_records(path: Path, text: str) -> Iterator[tuple[str, Any]]:
+    """(location, record) for each non-blank line of a jsonl file."""
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"line {line_number}", json.loads(line)
+        except json.JSONDecodeError as error:
+            raise _unknown_format(
+                path, f"line {line_number}", f"invalid JSON at column {error.colno}: {error.msg}"
+            ) from None
+
+
+def _first_line_is_json(text: str) -> bool:
+    first_line = text.lstrip().split("\n", 1)[0]
+    try:
+        json.loads(first_line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _load_json(path: Path, text: str) -> list[dict]:
+    """NQ-open jsonl, FiD json/jsonl or TriviaQA json, told apart by their content."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        if not _first_line_is_json(text):
+            raise _unknown_format(
+                path, f"line {error.lineno}", f"invalid JSON at column {error.colno}: {error.msg}"
+            ) from None
+        # Not one JSON document but its first line is one: jsonl (errors then name the line).
+        records = list(_jsonl_records(path, text))
+    else:
+        if isinstance(data, dict) and "Data" in data:
+            return _load_triviaqa(path, data)
+        if isinstance(data, list):
+            records = [(f"record {i}", record) for i, record in enumerate(data)]
+        elif isinstance(data, dict):
+            records = [("line 1", data)]  # a jsonl file holding one record
+        else:
+            raise _unknown_format(path, "line 1", f"a JSON {type(data).__name__}")
+    if records and (not isinstance(records[0][1], dict) or "question" not in records[0][1]):
+        location, record = records[0]
+        found = f"keys {sorted(record)[:10]}" if isinstance(record, dict) else repr(record)[:80]
+        raise _unknown_format(path, location, found)
+    return [
+        _question_from_record(record, f"{path}: {location}", f"{path.stem}-{index}")
+        for index, (location, record) in enumerate(records)
+    ]
+
+
+def _parse_answers(cell: str, where: str) -> list[str]:
+    """The python-literal answer list of a DPR qas row (literal_eval: never eval)."""
+    if not cell.strip():
+        return []
+    try:
+        value = ast.literal_eval(cell)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise DataError(
+            f"{where}: expected a python list of answer strings in column 2 "
+            f"(DPR qas format), found {cell!r:.100}"
+        ) from None
+    if isinstance(value, tuple):
+        value = list(value)
+    return _answer_list(value, where, "answers (column 2)")
+
+
+def _load_qas_tsv(path: Path) -> list[dict]:
+    questions = []
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle, delimiter="\t")
+        line_number = 1  # the line the next row starts on
+        for row in reader:
+            location = f"line {line_number}"
+            where = f"{path}: {location}"
+            line_number = reader.line_num + 1
+            if not row:
+                continue
+            if len(row) > 2:
+                found = f"{len(row)} tab-separated columns: {'<TAB>'.join(row)!r:.120}"
+                raise _unknown_format(path, location, found)
+            if not row[0].strip():
+                raise DataError(f"{where}: empty question")
+            try:
+                answers = _parse_answers(row[1], where) if len(row) == 2 else []
+            except DataError:
+                if questions:
+                    raise
+                # The first row decides whether this is a qas file at all.
+                raise _unknown_format(path, location, f"{'<TAB>'.join(row)!r:.120}") from None
+            index = len(questions)
+            questions.append({"id": f"{path.stem}-{index}", "question": row[0], "answers": answers})
+    return questions
+
+
+def load_questions(path: str | Path) -> list[dict]:
+    """Reads a question file in any of the supported formats (see the module docstring).
+
+    Args:
+        path: a `.jsonl`/`.json` (NQ-open, FiD, TriviaQA) or `.tsv`/`.csv` (DPR qas) file;
+            other suffixes are sniffed (json when the text starts with '[' or '{').
+
+    Returns:
+        `{"id", "question", "answers"}` dicts in file order; answers are [] when the file has
+        none.
+
+    Raises:
+        DataError: a missing or empty file, a file in none of the formats (naming the formats
+            and what was found where), a malformed record, or a duplicate id.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: question file not found")
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    if not text.strip():
+        raise _unknown_format(path, "line 1", "an empty file")
+    if suffix in _JSON_SUFFIXES or (
+        suffix not in _TSV_SUFFIXES and text.lstrip()[:1] in ("[", "{")
+    ):
+        questions = _load_json(path, text)
+    else:
+        questions = _load_qas_tsv(path)
+    if not questions:
+        raise _unknown_format(path, "line 1", "no question records")
+    check_unique_ids([q["id"] for q in questions], str(path))
+    n_unlabeled = sum(not q["answers"] for q in questions)
+    logger.info(
+        "loaded %d questions from %s (%d without answers)", len(questions), path, n_unlabeled
+    )
+    return questions

@@ -1,0 +1,335 @@
+"""Tests of fid.index: embedding shards on disk, and PassageIndex build/search/save/load."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import faiss
+import numpy as np
+import pytest
+import torch
+
+from fid.config import ConfigError, config_from_dict
+from fid.data import DataError
+from fid.index import (
+    IndexConfig,
+    PassageIndex,
+    load_embedding_shard,
+    load_embedding_shards,
+    save_embedding_shard,
+)
+
+N, D = 2000, 32  # self-retrieval tests: big enough to train IVF16 and PQ8 (256 centroids)
+MODEL = "tiny-retriever"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    faiss.omp_set_num_threads(1)
+    torch.set_num_threads(1)
+
+
+def unit_vectors(n: int, d: int, seed: int = 0) -> np.ndarray:
+    """(n, d) float32 random unit vectors.
+
+    On the unit sphere a vector is its own unique nearest neighbour under both metrics
+    (x.x = 1 > x.y and |x - x| = 0 < |x - y| for y != x), so "top-1 is itself" is well defined.
+    """
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def passage_ids(n: int, start: int = 0) -> list[str]:
+    return [f"p{i}" for i in range(start, start + n)]
+
+
+@pytest.fixture(scope="module")
+def vectors() -> np.ndarray:
+    return unit_vectors(N, D)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shards
+
+
+def save_shards(folder, embeddings, ids, n_shards, model=MODEL):
+    """Splits rows into n_shards contiguous shards (as embed jobs do); returns the prefixes."""
+    prefixes = []
+    bounds = np.linspace(0, len(ids), n_shards + 1).astype(int)
+    for k in range(n_shards):
+        prefix = folder / f"shard{k}"
+        lo, hi = bounds[k], bounds[k + 1]
+        save_embedding_shard(prefix, embeddings[lo:hi], ids[lo:hi], k, n_shards, model)
+        prefixes.append(prefix)
+    return prefixes
+
+
+def test_shard_round_trip_is_float16_without_pickle(tmp_path):
+    emb = unit_vectors(10, 8)
+    save_embedding_shard(tmp_path / "s0", emb, passage_ids(10), 0, 1, MODEL)
+    loaded, ids = load_embedding_shard(tmp_path / "s0")
+    assert loaded.dtype == np.float16 and loaded.shape == (10, 8)
+    np.testing.assert_array_equal(loaded, emb.astype(np.float16))
+    assert ids.tolist() == passage_ids(10)
+    # Plain arrays: loadable with pickle disabled; the metadata is plain JSON.
+    assert np.load(tmp_path / "s0.ids.npy", allow_pickle=False).dtype.kind == "U"
+    meta = json.loads((tmp_path / "s0.json").read_text())
+    assert meta == {"shard": 0, "n_shards": 1, "count": 10, "dim": 8, "model": MODEL}
+
+
+def test_three_shards_merge_to_exactly_one(tmp_path, vectors):
+    ids = passage_ids(N)
+    one = save_shards(tmp_path / "one", vectors, ids, 1)
+    three = save_shards(tmp_path / "three", vectors, ids, 3)
+    emb1, ids1, meta1 = load_embedding_shards(one)
+    emb3, ids3, meta3 = load_embedding_shards(three)
+    assert emb3.dtype == np.float32 and emb3.shape == (N, D)
+    np.testing.assert_array_equal(emb3, emb1)
+    np.testing.assert_array_equal(ids3, ids1)
+    assert meta3["count"] == N and meta3["dim"] == D and meta3["n_shards"] == 3
+    assert meta3["model"] == MODEL
+
+    cfg = IndexConfig()
+    queries = unit_vectors(50, D, seed=1)
+    scores1, found1 = PassageIndex.build(emb1, ids1, cfg, MODEL).search(queries, 10)
+    scores3, found3 = PassageIndex.build(emb3, ids3, cfg, MODEL).search(queries, 10)
+    np.testing.assert_array_equal(scores3, scores1)  # bitwise
+    assert found3 == found1
+
+
+def test_shards_concatenate_in_the_given_order(tmp_path):
+    emb, ids = unit_vectors(6, 4), passage_ids(6)
+    prefixes = save_shards(tmp_path, emb, ids, 2)
+    _, merged_ids, _ = load_embedding_shards(prefixes[::-1])
+    assert merged_ids.tolist() == ids[3:] + ids[:3]
+
+
+def test_duplicate_id_across_shards(tmp_path):
+    emb = unit_vectors(4, 4)
+    save_embedding_shard(tmp_path / "a", emb[:2], ["p0", "p1"], 0, 2, MODEL)
+    save_embedding_shard(tmp_path / "b", emb[2:], ["p2", "p1"], 1, 2, MODEL)
+    with pytest.raises(DataError, match=r"'p1'.*\ba\b.*\bb\b"):
+        load_embedding_shards([tmp_path / "a", tmp_path / "b"])
+
+
+def test_missing_shard_number(tmp_path):
+    prefixes = save_shards(tmp_path, unit_vectors(9, 4), passage_ids(9), 3)
+    with pytest.raises(DataError, match="shards 1 of 3 are missing"):
+        load_embedding_shards([prefixes[0], prefixes[2]])
+    with pytest.raises(DataError, match="shard 0 of 3 given twice"):
+        load_embedding_shards([prefixes[0], prefixes[0], prefixes[2]])
+
+
+def test_missing_shard_file(tmp_path):
+    prefixes = save_shards(tmp_path, unit_vectors(4, 4), passage_ids(4), 2)
+    (tmp_path / "shard1.ids.npy").unlink()
+    with pytest.raises(DataError, match=r"missing .*shard1\.ids\.npy"):
+        load_embedding_shards(prefixes)
+
+
+def test_shards_of_different_dims_or_models(tmp_path):
+    save_embedding_shard(tmp_path / "a", unit_vectors(2, 4), ["p0", "p1"], 0, 2, MODEL)
+    save_embedding_shard(tmp_path / "b", unit_vectors(2, 8), ["p2", "p3"], 1, 2, MODEL)
+    save_embedding_shard(tmp_path / "c", unit_vectors(2, 4), ["p2", "p3"], 1, 2, "other")
+    with pytest.raises(DataError, match="disagree on dim: .* has 4, .* has 8"):
+        load_embedding_shards([tmp_path / "a", tmp_path / "b"])
+    with pytest.raises(DataError, match="disagree on model"):
+        load_embedding_shards([tmp_path / "a", tmp_path / "c"])
+
+
+def test_shard_files_from_different_runs(tmp_path):
+    save_embedding_shard(tmp_path / "a", unit_vectors(3, 4), passage_ids(3), 0, 1, MODEL)
+    np.save(tmp_path / "a.ids.npy", np.array(passage_ids(2)), allow_pickle=False)
+    with pytest.raises(DataError, match="different runs"):
+        load_embedding_shard(tmp_path / "a")
+
+
+@pytest.mark.parametrize(
+    ("emb", "ids", "shard", "n_shards", "message"),
+    [
+        (np.zeros(4, np.float32), ["a"] * 4, 0, 1, "2-D"),
+        (np.zeros((2, 4), np.float32), ["a"], 0, 1, "1 ids for 2 embeddings"),
+        (np.zeros((2, 4), np.float32), ["a", "a"], 0, 1, "duplicate passage ids in shard 0"),
+        (np.zeros((1, 4), np.float32), ["a"], 2, 2, "shard = 2 is out of range"),
+        (np.full((1, 4), 1e6, np.float32), ["a"], 0, 1, "not finite in float16"),
+    ],
+)
+def test_save_shard_rejects_bad_input(tmp_path, emb, ids, shard, n_shards, message):
+    with pytest.raises(ValueError, match=message):
+        save_embedding_shard(tmp_path / "s", emb, ids, shard, n_shards, MODEL)
+    assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# Index config
+
+
+def test_index_config_validation():
+    assert config_from_dict({"factory": "HNSW32", "nprobe": 4}, IndexConfig).factory == "HNSW32"
+    with pytest.raises(ConfigError, match="unknown key 'nlist'"):
+        config_from_dict({"nlist": 4}, IndexConfig)
+    with pytest.raises(ConfigError, match="metric = 'cosine' is not allowed.*'inner_product'"):
+        IndexConfig(metric="cosine")
+    with pytest.raises(ConfigError, match="nprobe = 0 is out of range: expected >= 1"):
+        IndexConfig(nprobe=0)
+    with pytest.raises(ConfigError, match="factory = ''"):
+        IndexConfig(factory="")
+
+
+# ---------------------------------------------------------------------------------------------
+# Index
+
+
+FACTORIES = ["Flat", "HNSW32", "IVF16,Flat", "IVF16,PQ8", "SQ8"]
+
+
+@pytest.mark.parametrize("metric", ["inner_product", "l2"])
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_each_vector_is_its_own_top1(vectors, factory, metric):
+    ids = passage_ids(N)
+    index = PassageIndex.build(vectors, ids, IndexConfig(factory=factory, metric=metric), MODEL)
+    assert (index.count, index.dim, index.metric) == (N, D, metric)
+    scores, found = index.search(vectors, 5)
+    assert scores.shape == (N, 5) and scores.dtype == np.float32
+    assert (np.diff(scores, axis=1) <= 0).all()  # best first, higher is better for both metrics
+    top1 = np.array([row[0] for row in found])
+    hit_rate = (top1 == np.array(ids)).mean()
+    if factory.endswith("PQ8"):
+        # PQ stores a lossy code (8 bytes for 32 floats); two codes can swap places when a
+        # neighbour is almost as close as the vector itself, so exactness is not expected.
+        assert hit_rate >= 0.95
+    else:
+        assert hit_rate == 1.0
+
+
+def test_search_knobs_reach_the_faiss_index(vectors):
+    ivf = PassageIndex.build(
+        vectors, passage_ids(N), IndexConfig(factory="PCAR16,IVF16,Flat", nprobe=3), MODEL
+    )
+    ivf.search(vectors[:2, :], 1)
+    assert faiss.extract_index_ivf(ivf.index).nprobe == 3
+    ivf.set_search_params(nprobe=5)
+    ivf.search(vectors[:2, :], 1)
+    assert faiss.extract_index_ivf(ivf.index).nprobe == 5
+
+    hnsw = PassageIndex.build(
+        vectors[:200], passage_ids(200), IndexConfig(factory="HNSW32", ef_search=7), MODEL
+    )
+    hnsw.search(vectors[:2], 1)
+    assert faiss.downcast_index(hnsw.index).hnsw.efSearch == 7
+
+
+def test_k_larger_than_the_index():
+    emb = unit_vectors(5, 8)
+    index = PassageIndex.build(emb, passage_ids(5), IndexConfig(), MODEL)
+    scores, found = index.search(emb[:3], 10)
+    assert scores.shape == (3, 5)
+    assert all(sorted(row) == passage_ids(5) for row in found)
+
+
+def test_fewer_results_than_k_are_dropped():
+    # IVF4 with nprobe=1 sees only the query's own list: fewer than k passages exist.
+    emb = unit_vectors(200, 8)
+    index = PassageIndex.build(emb, passage_ids(200), IndexConfig("IVF4,Flat", nprobe=1), MODEL)
+    scores, found = index.search(emb[:10], 200)
+    assert scores.shape == (10, 200)
+    for row_scores, row_ids in zip(scores, found, strict=True):
+        assert 0 < len(row_ids) < 200 and "p-1" not in row_ids
+        assert np.isfinite(row_scores[: len(row_ids)]).all()
+        assert (row_scores[len(row_ids) :] == -np.inf).all()
+
+
+def test_float16_embeddings_and_queries(vectors):
+    half = vectors[:300].astype(np.float16)
+    ids = passage_ids(300)
+    from_half = PassageIndex.build(half, ids, IndexConfig(), MODEL)
+    from_float = PassageIndex.build(half.astype(np.float32), ids, IndexConfig(), MODEL)
+    scores_half, found_half = from_half.search(half[:20], 3)
+    scores_float, found_float = from_float.search(half[:20].astype(np.float32), 3)
+    np.testing.assert_array_equal(scores_half, scores_float)
+    assert found_half == found_float
+    assert [row[0] for row in found_half] == ids[:20]
+
+
+@pytest.mark.parametrize(
+    ("factory", "metric", "nprobe"),
+    [("Flat", "inner_product", 16), ("IVF16,PQ8", "l2", 2), ("HNSW32", "inner_product", 16)],
+)
+def test_save_load_round_trip(tmp_path, vectors, factory, metric, nprobe):
+    cfg = IndexConfig(factory=factory, metric=metric, nprobe=nprobe, ef_search=20)
+    index = PassageIndex.build(vectors, passage_ids(N), cfg, MODEL)
+    index.save(tmp_path / "index")
+    loaded = PassageIndex.load(tmp_path / "index", expected_dim=D, expected_model=MODEL)
+    assert (loaded.count, loaded.dim, loaded.metric, loaded.model) == (N, D, metric, MODEL)
+    assert (loaded.cfg.factory, loaded.cfg.nprobe, loaded.cfg.ef_search) == (factory, nprobe, 20)
+    queries = unit_vectors(30, D, seed=2)
+    scores, found = index.search(queries, 10)
+    loaded_scores, loaded_found = loaded.search(queries, 10)
+    np.testing.assert_array_equal(loaded_scores, scores)
+    assert loaded_found == found
+    meta = json.loads((tmp_path / "index" / "meta.json").read_text())
+    assert meta["faiss_version"] == faiss.__version__ and meta["build_seconds"] > 0
+
+
+def test_load_checks(tmp_path, caplog):
+    emb = unit_vectors(20, 8)
+    PassageIndex.build(emb, passage_ids(20), IndexConfig(), MODEL).save(tmp_path / "index")
+    with pytest.raises(DataError, match=r"index built for d=8 .*queries will have d=384"):
+        PassageIndex.load(tmp_path / "index", expected_dim=384)
+    with caplog.at_level(logging.WARNING, logger="fid.index"):
+        PassageIndex.load(tmp_path / "index", expected_model="another-model")
+    assert "another-model" in caplog.text
+    with pytest.raises(DataError, match="index folder not found"):
+        PassageIndex.load(tmp_path / "nowhere")
+    (tmp_path / "index" / "ids.npy").unlink()
+    with pytest.raises(DataError, match="missing ids.npy"):
+        PassageIndex.load(tmp_path / "index")
+
+
+def test_save_replaces_an_existing_index(tmp_path):
+    PassageIndex.build(unit_vectors(20, 8), passage_ids(20), IndexConfig(), MODEL).save(tmp_path)
+    PassageIndex.build(unit_vectors(5, 8), passage_ids(5), IndexConfig(), MODEL).save(tmp_path)
+    assert PassageIndex.load(tmp_path).count == 5
+
+
+@pytest.mark.parametrize("factory", ["bogus", "PQ7", "IVF16,PQ5"])
+def test_bad_factory_string(factory):
+    with pytest.raises(ConfigError, match=f"factory = '{factory}' cannot be built for d=32"):
+        PassageIndex.build(unit_vectors(10, 32), passage_ids(10), IndexConfig(factory), MODEL)
+
+
+def test_ivf_with_too_few_training_vectors(caplog):
+    emb = unit_vectors(300, 8)
+    with pytest.raises(ConfigError, match=r"IVF4096.* 4096 inverted lists .* 300 training.*IVF4"):
+        PassageIndex.build(emb, passage_ids(300), IndexConfig("IVF4096,Flat"), MODEL)
+    with pytest.raises(ConfigError, match=r"train_sample=100"):
+        PassageIndex.build(
+            emb, passage_ids(300), IndexConfig("IVF256,Flat", train_sample=100), MODEL
+        )
+    # Enough for faiss to run, too few to train well: a warning with the same hint.
+    with caplog.at_level(logging.WARNING, logger="fid.index"):
+        PassageIndex.build(emb, passage_ids(300), IndexConfig("IVF64,Flat"), MODEL)
+    assert "Hint: use fewer lists (e.g. IVF4" in caplog.text
+    # PQ's own k-means (256 centroids per sub-quantizer) needs 256 vectors.
+    with pytest.raises(ConfigError, match=r"could not be trained on 100 vectors.*\(256\)"):
+        PassageIndex.build(emb[:100], passage_ids(100), IndexConfig("PQ4"), MODEL)
+
+
+def test_queries_of_the_wrong_dim(vectors):
+    index = PassageIndex.build(vectors[:50], passage_ids(50), IndexConfig(), MODEL)
+    with pytest.raises(ValueError, match="index built for d=32, queries have d=16"):
+        index.search(np.zeros((3, 16), np.float32), 5)
+    with pytest.raises(ValueError, match="index built for d=32, queries have shape"):
+        index.search(np.zeros(32, np.float32), 5)
+    with pytest.raises(ValueError, match="k = 0"):
+        index.search(vectors[:1], 0)
+
+
+def test_build_rejects_bad_input():
+    with pytest.raises(ValueError, match="3 ids for 4 embeddings"):
+        PassageIndex.build(unit_vectors(4, 8), passage_ids(3), IndexConfig(), MODEL)
+    with pytest.raises(ValueError, match="duplicate passage ids, e.g. 'p0'"):
+        PassageIndex.build(unit_vectors(2, 8), ["p0", "p0"], IndexConfig(), MODEL)
+    with pytest.raises(ValueError, match="zero passages"):
+        PassageIndex.build(np.zeros((0, 8), np.float32), [], IndexConfig(), MODEL)
