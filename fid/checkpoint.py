@@ -85,8 +85,12 @@ def save_checkpoint(
     progress: TrainingProgress,
     config: dict[str, Any],
     keep_last: int,
+    rng_states: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Writes `step-N` atomically, points `latest` at it and prunes old step checkpoints."""
+    """Writes `step-N` atomically, points `latest` at it and prunes old step checkpoints.
+
+    `rng_states` holds every rank's RNG states (index = rank); default: this process's.
+    """
     state_dir = Path(state_dir)
     target = state_dir / f"step-{progress.step}"
     with atomic_directory(target) as tmp:
@@ -97,7 +101,7 @@ def save_checkpoint(
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "scaler": None if scaler is None else scaler.state_dict(),
-                "rng": rng_state(),
+                "rng": rng_states if rng_states is not None else [rng_state()],
                 "config": config,
             },
             tmp / "training_state.pt",
@@ -122,8 +126,13 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler | None,
+    rank: int = 0,
 ) -> TrainingProgress:
-    """Restores everything `save_checkpoint` wrote; returns the run's progress."""
+    """Restores everything `save_checkpoint` wrote; returns the run's progress.
+
+    Each rank restores its own RNG states; a run resumed with more ranks than it was saved
+    with gives the extra ranks those of rank % saved ranks.
+    """
     path = Path(path)
     load_model(model, str(path / "model.safetensors"), strict=True)
     state = torch.load(path / "training_state.pt", weights_only=True, map_location="cpu")
@@ -131,5 +140,9 @@ def load_checkpoint(
     scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"])
+    states = state["rng"]
+    if len(states) <= rank:
+        logger.warning("checkpoint saved by %d ranks: rank %d reuses rank %d's RNG state",
+                       len(states), rank, rank % len(states))  # fmt: skip
+    set_rng_state(states[rank % len(states)])
     return TrainingProgress(**state["progress"])

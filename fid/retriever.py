@@ -92,6 +92,15 @@ class DualEncoder(nn.Module):
         encoder = self.passage_encoder or self.question_encoder
         return self._embed(encoder, input_ids, attention_mask)
 
+    def forward(
+        self, question_ids, question_mask, passage_ids, passage_mask
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both sides at once (what DDP wraps): (B, D) questions and (P, D) passages."""
+        return (
+            self.encode_questions(question_ids, question_mask),
+            self.encode_passages(passage_ids, passage_mask),
+        )
+
     def scores(self, questions: torch.Tensor, passages: torch.Tensor) -> torch.Tensor:
         """Scaled dot products: questions (B, D) x passages (B, N, D) -> (B, N).
 

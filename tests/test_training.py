@@ -65,11 +65,11 @@ def test_resume_after_a_crash_is_bitwise_equal(tmp_path, data, tiny_model_dir, m
     original_loss = reader_training.ReaderTask.loss
     calls = {"n": 0}
 
-    def crashing_loss(self, item):
+    def crashing_loss(self, model, item):
         calls["n"] += 1
         if calls["n"] == 2 * 5 + 1:  # inside step 6, after the checkpoint of step 4
             raise KeyboardInterrupt("simulated kill")
-        return original_loss(self, item)
+        return original_loss(self, model, item)
 
     monkeypatch.setattr(reader_training.ReaderTask, "loss", crashing_loss)
     with pytest.raises(KeyboardInterrupt):
@@ -171,9 +171,9 @@ def test_accumulation_matches_a_larger_batch(tiny_model_dir, tmp_path, data):
         example.target = "x y"
     task = ReaderTask(reader, tokenizer, cfg, examples, [], torch.device("cpu"))
     reader.train()
-    (task.loss((0, [0, 1, 2])) / 2 + task.loss((0, [3, 4, 5])) / 2).backward()
+    (task.loss(reader, (0, [0, 1, 2])) / 2 + task.loss(reader, (0, [3, 4, 5])) / 2).backward()
     accumulated = [p.grad.clone() for p in reader.parameters()]
     reader.zero_grad()
-    task.loss((0, [0, 1, 2, 3, 4, 5])).backward()
+    task.loss(reader, (0, [0, 1, 2, 3, 4, 5])).backward()
     for a, b in zip(accumulated, (p.grad for p in reader.parameters()), strict=True):
         torch.testing.assert_close(a, b)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,9 +25,11 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
+from fid import distributed
 from fid.checkpoint import (
     TrainingProgress,
     load_checkpoint,
+    rng_state,
     save_checkpoint,
     step_checkpoints,
 )
@@ -46,11 +50,13 @@ class TrainTask(Protocol):
     def epoch_batches(self, epoch: int) -> list[Any]:
         """The micro-batches of an epoch, reproducible from the epoch number."""
 
-    def loss(self, batch: Any) -> torch.Tensor:
-        """The mean loss of one micro-batch (called under autocast)."""
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The mean loss of one micro-batch, computed by calling `model` (task.model, or its
+        DDP wrapper, whose forward must be used for gradients to be synchronised)."""
 
     def evaluate(self) -> dict[str, float]:
-        """Dev metrics (called in eval mode, without gradients, under autocast)."""
+        """Dev metrics over the whole dev set (called on every rank, in eval mode, without
+        gradients, under autocast); each rank may take its share and gather the results."""
 
     def save_model(self, path: Path) -> None:
         """Writes the model in its final, loadable format into the folder `path`."""
@@ -71,6 +77,58 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+class Preempted(Exception):
+    """Training stopped on SIGUSR1/SIGTERM after writing a complete checkpoint; rerun to resume."""
+
+
+class _StopSignals:
+    """Records SIGUSR1 and SIGTERM (SLURM's warnings before preemption or the time limit)
+    instead of dying, so the loop can finish its step and save; restores the old handlers."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for number in self.SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def _handle(self, number, frame):
+        self.received = number
+
+    def __exit__(self, *exc):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+
+class _BatchStream:
+    """The micro-batches of successive epochs as one stream; each micro-step every rank takes
+    the next `world_size` batches (its own is the rank-th), crossing epoch ends, so no batch is
+    lost or seen twice whatever the world size."""
+
+    def __init__(self, task: TrainTask, progress: TrainingProgress):
+        self.task = task
+        self.progress = progress
+        self.batches = task.epoch_batches(progress.epoch)
+
+    def take(self, count: int) -> list[Any]:
+        group = []
+        while len(group) < count:
+            if self.progress.batch_in_epoch >= len(self.batches):
+                self.progress.epoch += 1
+                self.progress.batch_in_epoch = 0
+                self.batches = self.task.epoch_batches(self.progress.epoch)
+                if not self.batches:
+                    raise ValueError("an epoch without batches: the training set is empty")
+            group.append(self.batches[self.progress.batch_in_epoch])
+            self.progress.batch_in_epoch += 1
+        return group
+
+
 def run_training(
     task: TrainTask,
     cfg: TrainingConfig,
@@ -80,6 +138,10 @@ def run_training(
     config_record: dict[str, Any],
 ) -> TrainingProgress:
     """Trains `task.model` to `cfg.max_steps`, resuming from `state_dir` if it holds a run.
+
+    In a distributed run (a process group exists), the model is wrapped in DDP, each rank
+    trains on its own micro-batches, rank 0 logs and writes checkpoints, and all ranks resume
+    from the same checkpoint.
 
     Args:
         task: the model, data and evaluation.
@@ -91,8 +153,12 @@ def run_training(
 
     Returns:
         The final progress (step == cfg.max_steps).
+
+    Raises:
+        Preempted: after SIGUSR1/SIGTERM, once a checkpoint of the current step is written.
     """
     state_dir = Path(state_dir)
+    rank, world_size = distributed.world()
     model = task.model
     amp = autocast(device, precision)  # validates precision before any work
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
@@ -101,25 +167,36 @@ def run_training(
     )
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
-    recover_directory(state_dir / "best_dev")
+    if rank == 0:
+        recover_directory(state_dir / "best_dev")
+    distributed.barrier()
     progress = TrainingProgress()
     checkpoints = step_checkpoints(state_dir)
     if checkpoints:
-        step, path = checkpoints[-1]
-        progress = load_checkpoint(path, model, optimizer, scheduler, scaler)
+        _, path = checkpoints[-1]
+        progress = load_checkpoint(path, model, optimizer, scheduler, scaler, rank)
         logger.info("resumed from %s (step %d of %d)", path, progress.step, cfg.max_steps)
     else:
-        torch.manual_seed(cfg.seed)  # dropout; the data order has its own seeded RNGs
+        torch.manual_seed(cfg.seed + rank)  # dropout; the data order has its own seeded RNGs
         logger.info("starting a new run in %s", state_dir)
 
-    metrics = MetricsWriter(
-        state_dir / "metrics.jsonl",
-        state_dir / "tensorboard" if cfg.tensorboard else None,
-        resume_step=progress.step,
-    )
+    train_model = model
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [device] if device.type == "cuda" else None
+        train_model = DistributedDataParallel(model, device_ids=device_ids)
+
+    metrics = None
+    if rank == 0:
+        metrics = MetricsWriter(
+            state_dir / "metrics.jsonl",
+            state_dir / "tensorboard" if cfg.tensorboard else None,
+            resume_step=progress.step,
+        )
     memory = PeakMemory(device)
     parameters = [p for p in model.parameters() if p.requires_grad]
-    batches = task.epoch_batches(progress.epoch)
+    stream = _BatchStream(task, progress)
     interval_loss = torch.zeros((), device=device)
     interval_start, interval_steps = time.perf_counter(), 0
     bar = tqdm(
@@ -127,111 +204,123 @@ def run_training(
         initial=progress.step,
         desc="train",
         unit="step",
-        disable=not sys.stderr.isatty(),
+        disable=rank != 0 or not sys.stderr.isatty(),
     )
+
+    def save():
+        rng_states = distributed.all_gather_objects(rng_state())
+        if rank == 0:
+            save_checkpoint(
+                state_dir, model, optimizer, scheduler, scaler, progress, config_record,
+                cfg.keep_last_checkpoints, rng_states,
+            )  # fmt: skip
+        distributed.barrier()
+
     model.train()
     try:
-        while progress.step < cfg.max_steps:
-            for micro_step in range(cfg.gradient_accumulation_steps):
-                if progress.batch_in_epoch >= len(batches):
-                    progress.epoch += 1
-                    progress.batch_in_epoch = 0
-                    batches = task.epoch_batches(progress.epoch)
-                batch = batches[progress.batch_in_epoch]
-                progress.batch_in_epoch += 1
-                # Gradients are all-reduced only on the last micro-step (DDP's no_sync).
-                last = micro_step == cfg.gradient_accumulation_steps - 1
-                if last or not hasattr(model, "no_sync"):
-                    sync = contextlib.nullcontext()
+        with _StopSignals() as signals:
+            while progress.step < cfg.max_steps:
+                for micro_step in range(cfg.gradient_accumulation_steps):
+                    batch = stream.take(world_size)[rank]
+                    # Gradients are all-reduced only on the last micro-step.
+                    last = micro_step == cfg.gradient_accumulation_steps - 1
+                    if last or world_size == 1:
+                        sync = contextlib.nullcontext()
+                    else:
+                        sync = train_model.no_sync()
+                    with sync:
+                        with amp:
+                            loss = task.loss(train_model, batch)
+                        # Mean over micro-batches: each gives 1/accumulation of the gradient.
+                        scaled = loss / cfg.gradient_accumulation_steps
+                        (scaler.scale(scaled) if scaler else scaled).backward()
+                    interval_loss += loss.detach() / cfg.gradient_accumulation_steps
+
+                if scaler is not None:
+                    scaler.unscale_(optimizer)
+                grad_norm = None
+                if cfg.clip_grad_norm is not None:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, cfg.clip_grad_norm)
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
                 else:
-                    sync = model.no_sync()
-                with sync:
-                    with amp:
-                        loss = task.loss(batch)
-                    # Mean over micro-batches: each contributes 1/accumulation of the gradient.
-                    scaled = loss / cfg.gradient_accumulation_steps
-                    (scaler.scale(scaled) if scaler else scaled).backward()
-                interval_loss += loss.detach() / cfg.gradient_accumulation_steps
+                    optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                progress.step += 1
+                interval_steps += 1
+                bar.update(1)
 
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            grad_norm = None
-            if cfg.clip_grad_norm is not None:
-                grad_norm = torch.nn.utils.clip_grad_norm_(parameters, cfg.clip_grad_norm)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            progress.step += 1
-            interval_steps += 1
-            bar.update(1)
+                final = progress.step == cfg.max_steps
+                if progress.step % cfg.log_every_steps == 0 or final:
+                    values = {
+                        "loss": float(interval_loss) / interval_steps,
+                        "lr": scheduler.get_last_lr()[0],
+                        "step_time_s": (time.perf_counter() - interval_start) / interval_steps,
+                        "peak_memory_mb": memory.peak_mb(),
+                        "epoch": progress.epoch,
+                    }
+                    if grad_norm is not None:
+                        values["grad_norm"] = float(grad_norm)
+                    _log_train(metrics, progress.step, cfg.max_steps, values)
+                    bar.set_postfix(loss=f"{values['loss']:.3f}")
+                    interval_loss.zero_()
+                    interval_start, interval_steps = time.perf_counter(), 0
+                    memory.reset()
 
-            if progress.step % cfg.log_every_steps == 0 or progress.step == cfg.max_steps:
-                elapsed = time.perf_counter() - interval_start
-                values = {
-                    "loss": float(interval_loss) / interval_steps,
-                    "lr": scheduler.get_last_lr()[0],
-                    "step_time_s": elapsed / interval_steps,
-                    "peak_memory_mb": memory.peak_mb(),
-                    "epoch": progress.epoch,
-                }
-                if grad_norm is not None:
-                    values["grad_norm"] = float(grad_norm)
-                metrics.write("train", progress.step, values)
-                bar.set_postfix(loss=f"{values['loss']:.3f}")
-                logger.info(
-                    "step %d/%d loss %.4f lr %.2e %.3f s/step peak %.0f MB",
-                    progress.step,
-                    cfg.max_steps,
-                    values["loss"],
-                    values["lr"],
-                    values["step_time_s"],
-                    values["peak_memory_mb"],
-                )
-                interval_loss.zero_()
-                interval_start, interval_steps = time.perf_counter(), 0
-                memory.reset()
-
-            final = progress.step == cfg.max_steps
-            if final or (cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0):
-                _evaluate(task, progress, metrics, amp, state_dir)
-            if final or (cfg.save_every_steps and progress.step % cfg.save_every_steps == 0):
-                save_checkpoint(
-                    state_dir,
-                    model,
-                    optimizer,
-                    scheduler,
-                    scaler,
-                    progress,
-                    config_record,
-                    cfg.keep_last_checkpoints,
-                )
+                if final or (cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0):
+                    _evaluate(task, progress, metrics, amp, state_dir)
+                saved = False
+                if final or (cfg.save_every_steps and progress.step % cfg.save_every_steps == 0):
+                    save()
+                    saved = True
+                stop = distributed.any_rank(signals.received is not None, device)
+                if stop and not final:
+                    if not saved:
+                        save()
+                    logger.warning(
+                        "stopping at step %d on a signal; the checkpoint is saved", progress.step
+                    )
+                    raise Preempted(f"stopped by a signal at step {progress.step}")
     finally:
         bar.close()
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
     return progress
 
 
+def _log_train(metrics: MetricsWriter | None, step: int, max_steps: int, values: dict) -> None:
+    if metrics is not None:
+        metrics.write("train", step, values)
+    logger.info(
+        "step %d/%d loss %.4f lr %.2e %.3f s/step peak %.0f MB",
+        step, max_steps, values["loss"], values["lr"], values["step_time_s"],
+        values["peak_memory_mb"],
+    )  # fmt: skip
+
+
 def _evaluate(task: TrainTask, progress: TrainingProgress, metrics, amp, state_dir: Path):
-    """Dev evaluation; a new best is saved to best_dev/ in the final format."""
+    """Dev evaluation on every rank (each takes its share); rank 0 logs and saves a new best
+    to best_dev/ in the final format."""
     task.model.eval()
     started = time.perf_counter()
     with torch.no_grad(), amp:
         results = task.evaluate()
     task.model.train()
     results["eval_time_s"] = time.perf_counter() - started
-    metrics.write("dev", progress.step, results)
     value = results[task.dev_metric]
     logger.info("step %d dev %s %.4f", progress.step, task.dev_metric, value)
+    if metrics is not None:
+        metrics.write("dev", progress.step, results)
     if progress.best_metric is None or value >= progress.best_metric:  # ties: the later
         progress.best_metric, progress.best_step = value, progress.step
-        with atomic_directory(state_dir / "best_dev") as tmp:
-            task.save_model(tmp)
-            atomic_write_json(tmp / "dev_metrics.json", {"step": progress.step, **results})
-        logger.info("new best dev %s %.4f at step %d", task.dev_metric, value, progress.step)
+        if distributed.is_main():
+            with atomic_directory(state_dir / "best_dev") as tmp:
+                task.save_model(tmp)
+                atomic_write_json(tmp / "dev_metrics.json", {"step": progress.step, **results})
+            logger.info("new best dev %s %.4f at step %d", task.dev_metric, value, progress.step)
+        distributed.barrier()
 
 
 def export_best_model(state_dir: str | Path, output_dir: str | Path, record: dict) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
+from fid import distributed
 from fid.config import ReaderTrainConfig, config_to_dict
 from fid.data import Example, ReaderCollator, choose_target, epoch_batches, load_examples
 from fid.evaluation import answer_metrics
@@ -61,24 +62,27 @@ class ReaderTask:
         )
         return [(epoch, indices) for indices in batches]
 
-    def loss(self, item: tuple[int, list[int]]) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, item: tuple[int, list[int]]) -> torch.Tensor:
         epoch, indices = item
         examples = [self.train[i] for i in indices]
         targets = [choose_target(example, self.cfg.seed, epoch) for example in examples]
         batch = self.collator(examples, targets).to(self.device)
-        return self.model(batch.input_ids, batch.attention_mask, labels=batch.labels).loss
+        return model(batch.input_ids, batch.attention_mask, labels=batch.labels).loss
 
     def evaluate(self) -> dict[str, float]:
-        predictions = generate_answers(
+        # Each rank generates for its share of the dev set; all ranks get every prediction.
+        mine = [self.dev[i] for i in distributed.shard_indices(len(self.dev))]
+        local = generate_answers(
             self.model,
             self.tokenizer,
             self.collator,
-            self.dev,
+            mine,
             self.cfg.batch_size,
             self.cfg.max_answer_tokens,
             self.cfg.num_beams,
             self.device,
         )
+        predictions = distributed.gather_in_order(len(self.dev), local)
         metrics = answer_metrics(predictions, [example.answers for example in self.dev])
         return {"exact_match": metrics["exact_match"], "f1": metrics["f1"], "n": len(self.dev)}
 

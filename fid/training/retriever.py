@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from fid import distributed
 from fid.config import RetrieverTrainConfig, config_to_dict
 from fid.data import DataError, Example, epoch_batches, load_examples
 from fid.has_answer import AnswerMatcher
@@ -134,18 +135,21 @@ class RetrieverTask:
             len(self.train), self.cfg.batch_size_per_device, seed=self.cfg.seed, epoch=epoch
         )
 
-    def _embed(self, examples: Sequence[DistillationExample]):
+    def _embed(self, model: torch.nn.Module, examples: Sequence[DistillationExample]):
         questions = self.encode.questions([e.question for e in examples]).to(self.device)
         passages = self.encode.passages(
             [t for e in examples for t in e.titles], [t for e in examples for t in e.texts]
         ).to(self.device)
-        q = self.model.encode_questions(questions["input_ids"], questions["attention_mask"])
-        p = self.model.encode_passages(passages["input_ids"], passages["attention_mask"])
-        return q, p
+        return model(
+            questions["input_ids"],
+            questions["attention_mask"],
+            passages["input_ids"],
+            passages["attention_mask"],
+        )
 
-    def loss(self, indices: list[int]) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, indices: list[int]) -> torch.Tensor:
         examples = [self.train[i] for i in indices]
-        q, p = self._embed(examples)
+        q, p = self._embed(model, examples)
         owner = torch.cat(
             [torch.full((len(e.texts),), b, dtype=torch.long) for b, e in enumerate(examples)]
         ).to(self.device)
@@ -165,7 +169,7 @@ class RetrieverTask:
         orders = []
         for start in range(0, len(examples), self.cfg.eval_batch_size):
             batch = examples[start : start + self.cfg.eval_batch_size]
-            q, p = self._embed(batch)
+            q, p = self._embed(self.model, batch)
             offset = 0
             for b, example in enumerate(batch):
                 n = len(example.texts)
@@ -175,7 +179,10 @@ class RetrieverTask:
         return orders
 
     def evaluate(self) -> dict[str, float]:
-        return ranking_metrics(self.dev, self.rankings(self.dev), self.cfg.eval_k)
+        # Each rank ranks its share of the dev set; the metrics cover all of it.
+        mine = [self.dev[i] for i in distributed.shard_indices(len(self.dev))]
+        orders = distributed.gather_in_order(len(self.dev), self.rankings(mine))
+        return ranking_metrics(self.dev, orders, self.cfg.eval_k)
 
     def save_model(self, path: Path) -> None:
         self.model.save_pretrained(path, tokenizer=self.tokenizer)
