@@ -16,12 +16,8 @@ from pathlib import Path
 logger = logging.getLogger("fid")
 
 EXIT_ERROR = 1
-
-
-def _device():
-    import torch
-
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+# EX_TEMPFAIL: the job stopped cleanly on a signal and resumes when run again.
+EXIT_PREEMPTED = 75
 
 
 def _set_threads(threads: int | None) -> None:
@@ -64,82 +60,25 @@ def cmd_train_reader(args) -> None:
 
     cfg = load_config(args.config, ReaderTrainConfig)
     result = train_reader(
-        cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, _device()
+        cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, args.device
     )
     logger.info("done: %s", result)
 
 
 def cmd_eval_reader(args) -> None:
-    import torch
-
     from fid.config import EvalReaderConfig, load_config
-    from fid.data import ReaderCollator, load_examples
-    from fid.evaluation import answer_metrics
-    from fid.fileio import atomic_write_json, atomic_write_jsonl
-    from fid.inference import generate_answers, prediction_records
-    from fid.training.loop import autocast
-    from fid.training.reader import load_reader
+    from fid.inference import evaluate_reader
 
     cfg = load_config(args.config, EvalReaderConfig)
-    examples = load_examples(args.questions)
-    device = _device()
-    reader, tokenizer = load_reader(str(args.model), cfg.encoder_buckets, cfg.pack_passages)
-    reader.to(device).eval()
-    collator = ReaderCollator(
-        tokenizer, cfg.n_passages, cfg.passage_max_tokens, pad_to_max_length=cfg.pad_to_max_length
-    )
-    with torch.no_grad(), autocast(device, cfg.precision):
-        predictions = generate_answers(
-            reader,
-            tokenizer,
-            collator,
-            examples,
-            cfg.batch_size,
-            cfg.max_answer_tokens,
-            cfg.num_beams,
-            device,
-        )
-    metrics = answer_metrics(predictions, [example.answers for example in examples])
-    metrics["n_questions"] = len(examples)
-    atomic_write_jsonl(args.predictions, prediction_records(examples, predictions))
-    atomic_write_json(args.metrics, metrics)
-    if metrics["n_scored"] == 0:
-        logger.warning("no question has gold answers: wrote predictions only, no metric")
-    else:
-        logger.info(
-            "exact match %.2f, F1 %.2f over %d questions",
-            metrics["exact_match"],
-            metrics["f1"],
-            metrics["n_scored"],
-        )
+    evaluate_reader(cfg, args.model, args.questions, args.predictions, args.metrics, args.device)
 
 
 def cmd_score_passages(args) -> None:
-    import torch
-
     from fid.config import ScorePassagesConfig, load_config
-    from fid.data import ReaderCollator, load_examples
-    from fid.fileio import atomic_write_json
-    from fid.inference import score_passages, with_reader_scores
-    from fid.training.loop import autocast
-    from fid.training.reader import load_reader
+    from fid.inference import score_question_file
 
     cfg = load_config(args.config, ScorePassagesConfig)
-    examples = load_examples(args.questions)
-    device = _device()
-    reader, tokenizer = load_reader(str(args.model), cfg.encoder_buckets, cfg.pack_passages)
-    reader.to(device).eval()
-    collator = ReaderCollator(
-        tokenizer, cfg.n_passages, cfg.passage_max_tokens, pad_to_max_length=cfg.pad_to_max_length
-    )
-    with torch.no_grad(), autocast(device, cfg.precision):
-        scores = score_passages(reader, collator, examples, cfg.batch_size, cfg.mode, device)
-    records = [
-        with_reader_scores(example, example_scores, cfg.mode, cfg.n_passages)
-        for example, example_scores in zip(examples, scores, strict=True)
-    ]
-    atomic_write_json(args.output, records)
-    logger.info("scored %d questions (%s) into %s", len(records), cfg.mode, args.output)
+    score_question_file(cfg, args.model, args.questions, args.output, args.device)
 
 
 def cmd_convert_checkpoint(args) -> None:
@@ -172,7 +111,7 @@ def cmd_train_retriever(args) -> None:
 
     cfg = load_config(args.config, RetrieverTrainConfig)
     result = train_retriever(
-        cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, _device()
+        cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, args.device
     )
     logger.info("done: %s", result)
 
@@ -215,7 +154,7 @@ def cmd_embed_passages(args) -> None:
 
     cfg = load_config(args.config, EmbedPassagesConfig)
     start, end = passage_shard_bounds(args.passages, args.shard, args.n_shards)
-    device = _device()
+    device = args.device
     retriever, encode = _load_retriever(args.model, 8, cfg.passage_max_tokens, device)
     embeddings, ids = embed_passages(
         retriever, encode, iter_passages(args.passages, start, end), cfg, device
@@ -238,6 +177,7 @@ def cmd_build_index(args) -> None:
 
 
 def cmd_retrieve(args) -> None:
+    from fid import distributed
     from fid.config import RetrieveConfig, load_config
     from fid.dense import retrieve
     from fid.fileio import atomic_write_json
@@ -246,11 +186,12 @@ def cmd_retrieve(args) -> None:
 
     cfg = load_config(args.config, RetrieveConfig)
     questions = load_questions(args.questions)
-    device = _device()
+    device = args.device
     retriever, encode = _load_retriever(args.model, cfg.question_max_tokens, 8, device)
     index = PassageIndex.load(args.index, expected_dim=retriever.dim)
     records = retrieve(retriever, encode, index, args.passages, questions, cfg, device)
-    atomic_write_json(args.output, records)
+    if distributed.is_main():
+        atomic_write_json(args.output, records)
     logger.info(
         "retrieved %d passages for %d questions into %s", cfg.top_k, len(records), args.output
     )
@@ -384,25 +325,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from fid import distributed
+    from fid.config import ConfigError
+    from fid.data import DataError
     from fid.logs import setup_logging
+    from fid.training.loop import Preempted
 
+    try:
+        info = distributed.init_from_env()
+    except distributed.DistributedError as error:
+        setup_logging(rank=0)
+        logger.error("%s", error)
+        return EXIT_ERROR
     log_file = args.log_file
     if log_file is None and getattr(args, "state_dir", None) is not None:
         log_file = args.state_dir / "train.log"
-    setup_logging(rank=0, file=log_file)
+    # Every rank appends to the run log; other ranks log warnings only.
+    setup_logging(rank=info.rank, file=log_file)
     _set_threads(args.threads)
-    from fid.config import ConfigError
-    from fid.data import DataError
-
     try:
+        args.device = distributed.setup(info)
         args.func(args)
+    except Preempted as stop:
+        logger.warning("%s: rerun the same command to resume", stop)
+        _requeue_if_asked()
+        return EXIT_PREEMPTED
     except (ConfigError, DataError, FileNotFoundError) as error:
         logger.error("%s", error)
         return EXIT_ERROR
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RuntimeError) as error:
         logger.error("%s: %s", type(error).__name__, error)
         return EXIT_ERROR
+    finally:
+        distributed.cleanup()
     return 0
+
+
+def _requeue_if_asked() -> None:
+    """With FID_SLURM_REQUEUE=1 inside a SLURM job, rank 0 requeues the job after a
+    preemption checkpoint (SLURM then restarts it and training resumes)."""
+    import subprocess
+
+    from fid import distributed
+
+    job = os.environ.get("SLURM_JOB_ID")
+    if os.environ.get("FID_SLURM_REQUEUE") == "1" and job and distributed.is_main():
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        if result.returncode == 0:
+            logger.warning("requeued SLURM job %s", job)
+        else:
+            logger.error("scontrol requeue %s failed: %s", job, result.stderr.strip())
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from fid import distributed
 from fid.config import EmbedPassagesConfig, RetrieveConfig
 from fid.has_answer import AnswerMatcher
 from fid.index import PassageIndex
@@ -101,15 +102,17 @@ def encode_questions(
     device: torch.device,
     precision: str,
 ) -> np.ndarray:
-    """(q, D) float32 question embeddings in input order."""
+    """(q, D) float32 question embeddings in input order (each rank encodes its share)."""
     model.eval()
-    out = np.empty((len(questions), model.dim), dtype=np.float32)
+    mine = [questions[i] for i in distributed.shard_indices(len(questions))]
+    out = np.empty((len(mine), model.dim), dtype=np.float32)
     with autocast(device, precision):
-        for start in range(0, len(questions), batch_size):
-            batch = encode.questions(list(questions[start : start + batch_size])).to(device)
+        for start in range(0, len(mine), batch_size):
+            batch = encode.questions(list(mine[start : start + batch_size])).to(device)
             vectors = model.encode_questions(batch["input_ids"], batch["attention_mask"])
             out[start : start + len(vectors)] = vectors.float().cpu().numpy()
-    return out
+    rows = distributed.gather_in_order(len(questions), list(out))
+    return np.stack(rows) if rows else np.empty((0, model.dim), dtype=np.float32)
 
 
 def retrieval_records(

@@ -10,13 +10,16 @@ import logging
 import math
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from fid.data import Example, ReaderCollator
-from fid.evaluation import exact_match, f1_score
+from fid import distributed
+from fid.data import Example, ReaderCollator, load_examples
+from fid.evaluation import answer_metrics, exact_match, f1_score
+from fid.fileio import atomic_write_json, atomic_write_jsonl
 from fid.reader import FiDReader
 
 logger = logging.getLogger(__name__)
@@ -114,3 +117,71 @@ def with_reader_scores(
     ]
     record["reader_scoring"] = {"mode": mode, "n_passages": n_passages, "n_scored": len(scores)}
     return record
+
+
+def _reader_and_collator(cfg, model_path: Path, device: torch.device):
+    from fid.training.reader import load_reader
+
+    reader, tokenizer = load_reader(str(model_path), cfg.encoder_buckets, cfg.pack_passages)
+    reader.to(device).eval()
+    collator = ReaderCollator(
+        tokenizer, cfg.n_passages, cfg.passage_max_tokens, pad_to_max_length=cfg.pad_to_max_length
+    )
+    return reader, tokenizer, collator
+
+
+def evaluate_reader(
+    cfg, model_path: Path, questions_path: Path, predictions_path: Path, metrics_path: Path,
+    device: torch.device,
+) -> dict:  # fmt: skip
+    """`fid eval-reader`: predictions (jsonl, input order) and EM/F1 metrics (json).
+
+    Each rank generates for its share of the questions; rank 0 writes both files. Questions
+    without answers get predictions and no metric.
+    """
+    from fid.training.loop import autocast
+
+    examples = load_examples(questions_path)
+    reader, tokenizer, collator = _reader_and_collator(cfg, model_path, device)
+    mine = [examples[i] for i in distributed.shard_indices(len(examples))]
+    with torch.no_grad(), autocast(device, cfg.precision):
+        local = generate_answers(
+            reader, tokenizer, collator, mine, cfg.batch_size, cfg.max_answer_tokens,
+            cfg.num_beams, device,
+        )  # fmt: skip
+    predictions = distributed.gather_in_order(len(examples), local)
+    metrics = answer_metrics(predictions, [example.answers for example in examples])
+    metrics["n_questions"] = len(examples)
+    if distributed.is_main():
+        atomic_write_jsonl(predictions_path, prediction_records(examples, predictions))
+        atomic_write_json(metrics_path, metrics)
+    if metrics["n_scored"] == 0:
+        logger.warning("no question has gold answers: wrote predictions only, no metric")
+    else:
+        logger.info(
+            "exact match %.2f, F1 %.2f over %d questions",
+            metrics["exact_match"], metrics["f1"], metrics["n_scored"],
+        )  # fmt: skip
+    return metrics
+
+
+def score_question_file(
+    cfg, model_path: Path, questions_path: Path, output_path: Path, device: torch.device
+) -> None:
+    """`fid score-passages`: the question file with `reader_score` in every ctx (None for the
+    ctxs the reader did not read). Each rank scores its share; rank 0 writes the file."""
+    from fid.training.loop import autocast
+
+    examples = load_examples(questions_path)
+    reader, _, collator = _reader_and_collator(cfg, model_path, device)
+    mine = [examples[i] for i in distributed.shard_indices(len(examples))]
+    with torch.no_grad(), autocast(device, cfg.precision):
+        local = score_passages(reader, collator, mine, cfg.batch_size, cfg.mode, device)
+    scores = distributed.gather_in_order(len(examples), local)
+    records = [
+        with_reader_scores(example, example_scores, cfg.mode, cfg.n_passages)
+        for example, example_scores in zip(examples, scores, strict=True)
+    ]
+    if distributed.is_main():
+        atomic_write_json(output_path, records)
+    logger.info("scored %d questions (%s) into %s", len(records), cfg.mode, output_path)

@@ -128,7 +128,9 @@ def train_reader(
     record = config_to_dict(cfg)
     progress = run_training(task, cfg, state_dir, device, cfg.precision, record)
 
-    export_best_model(state_dir, output_dir, record)
+    if distributed.is_main():
+        export_best_model(state_dir, output_dir, record)
+    distributed.barrier()
     logger.info(
         "exported best dev model (step %s, %s %.4f) to %s",
         progress.best_step,

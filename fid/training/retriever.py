@@ -236,7 +236,9 @@ def train_retriever(
     task = RetrieverTask(model, tokenizer, cfg, train, dev, device)
     record = config_to_dict(cfg)
     progress = run_training(task, cfg, state_dir, device, cfg.precision, record)
-    export_best_model(state_dir, output_dir, record)
+    if distributed.is_main():
+        export_best_model(state_dir, output_dir, record)
+    distributed.barrier()
     logger.info(
         "exported best dev retriever (step %s, %s %.2f) to %s",
         progress.best_step,

