@@ -4,14 +4,21 @@ the reader's top-scored passage is the gold one."""
 import json
 import sys
 from collections import Counter
+from pathlib import Path
 
-out = sys.argv[1]
-train = json.load(open(f"{out}/data/reader/train.json"))
-test = json.load(open(f"{out}/data/reader/test.json"))
-metrics = json.load(open(f"{out}/eval/test.metrics.json"))
+out = Path(sys.argv[1])
+
+
+def load(path):
+    return json.loads((out / path).read_text())
+
+
+train = load("data/reader/train.json")
+test = load("data/reader/test.json")
+metrics = load("eval/test.metrics.json")
 common = Counter(r["answers"][0] for r in train).most_common(1)[0][0]
 baseline = 100 * sum(common in r["answers"] for r in test) / len(test)
-scored = json.load(open(f"{out}/scores/test.json"))
+scored = load("scores/test.json")
 gold_on_top = (
     100
     * sum(
