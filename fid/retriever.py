@@ -58,6 +58,11 @@ class DualEncoder(nn.Module):
         spec: DualEncoderSpec,
     ):
         super().__init__()
+        for encoder in (question_encoder, passage_encoder):
+            # BERT's pooler (a dense layer on [CLS]) is never used here; DDP fails on
+            # parameters that get no gradient, so it is dropped.
+            if getattr(encoder, "pooler", None) is not None:
+                encoder.pooler = None
         self.question_encoder = question_encoder
         self.passage_encoder = passage_encoder
         self.spec = spec

@@ -1,0 +1,239 @@
+"""Distributed runs: the launcher's environment, DDP equivalence, lossless sharding, preemption.
+
+Multi-process tests start real `fid` processes (gloo, one thread each) with torchrun's
+variables, as a launcher would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import write_json
+from safetensors.torch import load_file
+
+from fid.distributed import DistInfo, DistributedError, init_from_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_single_process_by_default():
+    assert init_from_env({}) == DistInfo()
+
+
+def test_torchrun_variables():
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "n1",
+           "MASTER_PORT": "1234", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}  # fmt: skip
+    assert init_from_env(env) == DistInfo(3, 1, 4, "n1", 1234, "torchrun")
+
+
+def test_slurm_variables_first_node_is_master():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+           "SLURM_STEP_NODELIST": "gpu[07-10],cpu1", "SLURM_JOB_NODELIST": "other",
+           "SLURM_JOB_ID": "123456"}  # fmt: skip
+    info = init_from_env(env)
+    assert (info.rank, info.local_rank, info.world_size) == (5, 1, 8)
+    assert info.master_addr == "gpu07" and info.launcher == "slurm"
+    assert info.master_port == 15000 + 123456 % 20000
+    assert init_from_env({**env, "FID_MASTER_PORT": "4000"}).master_port == 4000
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "a", "WORLD_SIZE": "2"},
+         "WORLD_SIZE=2 does not match SLURM_NTASKS=4"),
+        ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is not within a world of 4"),
+        ({"RANK": "x", "WORLD_SIZE": "4"}, "RANK='x' is not an integer"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "names the nodes"),
+    ],
+)  # fmt: skip
+def test_inconsistent_environments(env, message):
+    with pytest.raises(DistributedError, match=message):
+        init_from_env(env)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args: list, world_size: int, cwd: Path, timeout: int = 300) -> list[str]:
+    """Runs `python -m fid ARGS` as `world_size` gloo ranks; returns each rank's stderr."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(world_size):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1")  # fmt: skip
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "fid", "--threads", "1", *map(str, args)],
+            env=env, cwd=cwd, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+    logs = [p.communicate(timeout=timeout)[1] for p in procs]
+    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+    return logs
+
+
+def _yaml(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def equal_length_data(tmp_path, toy_records):
+    """Targets of equal token length: per-rank mean losses then average to the global mean."""
+    train = [dict(r, target="x y") for r in toy_records["train"][:16]]
+    return write_json(tmp_path / "train.json", train), write_json(
+        tmp_path / "dev.json", toy_records["dev"][:5]
+    )
+
+
+def _reader_config(tmp_path, batch):
+    return _yaml(tmp_path / f"train{batch}.yaml", dict(
+        n_passages=3, passage_max_tokens=32, batch_size_per_device=batch, max_steps=4,
+        lr=1e-3, warmup_steps=1, eval_every_steps=2, save_every_steps=2, log_every_steps=1,
+        batch_size=2, max_answer_tokens=3, precision="fp32", tensorboard=False, dropout=0.0,
+    ))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process_with_twice_the_batch(
+    tmp_path, tiny_model_dir, equal_length_data
+):
+    train, dev = equal_length_data
+    for world, batch in ((1, 4), (2, 2)):
+        launch(["train-reader", "--config", _reader_config(tmp_path, batch), "--train", train,
+                "--dev", dev, "--init-model", tiny_model_dir, "--output", tmp_path / f"m{world}",
+                "--state-dir", tmp_path / f"s{world}"], world, tmp_path)  # fmt: skip
+    one, two = (
+        load_file(tmp_path / "m1/model.safetensors"),
+        load_file(tmp_path / "m2/model.safetensors"),
+    )
+    for name in one:
+        torch.testing.assert_close(one[name], two[name], atol=1e-5, rtol=1e-4, msg=name)
+    dev_one = [json.loads(x) for x in (tmp_path / "m1/metrics.jsonl").read_text().splitlines()]
+    dev_two = [json.loads(x) for x in (tmp_path / "m2/metrics.jsonl").read_text().splitlines()]
+    assert [d["n"] for d in dev_one if d["kind"] == "dev"] == [5, 5]  # the whole dev set
+    assert [d["exact_match"] for d in dev_one if d["kind"] == "dev"] == [
+        d["exact_match"] for d in dev_two if d["kind"] == "dev"
+    ]
+
+
+@pytest.mark.slow
+def test_retriever_two_ranks_equal_one_process(tmp_path, toy_records):
+    from fid.config import InitRetrieverConfig
+    from fid.init_models import init_retriever, train_bert_tokenizer
+
+    records = []
+    for record in toy_records["train"][:8] + toy_records["dev"][:5]:
+        ctxs = [dict(c, reader_score=float(i)) for i, c in enumerate(record["ctxs"][:4])]
+        records.append(dict(record, ctxs=ctxs))
+    train = write_json(tmp_path / "train.json", records[:8])
+    dev = write_json(tmp_path / "dev.json", records[8:])
+    texts = [c["text"] for r in records for c in r["ctxs"]] + [r["question"] for r in records]
+    tokenizer = train_bert_tokenizer(texts, 300)
+    init_retriever(InitRetrieverConfig(hidden_size=32, num_heads=4, intermediate_size=64),
+                   len(tokenizer)).save_pretrained(tmp_path / "bert")  # fmt: skip
+    tokenizer.save_pretrained(tmp_path / "bert")
+    for world, batch in ((1, 4), (2, 2)):
+        config = _yaml(tmp_path / f"r{world}.yaml", dict(
+            batch_size_per_device=batch, max_steps=3, lr=1e-3, warmup_steps=1, eval_every_steps=3,
+            log_every_steps=1, precision="fp32", tensorboard=False, n_passages=4,
+            passage_max_tokens=32, question_max_tokens=16, eval_k=[1, 2], select_on="agreement@1",
+        ))  # fmt: skip
+        launch(["train-retriever", "--config", config, "--train", train, "--dev", dev,
+                "--init-model", tmp_path / "bert", "--output", tmp_path / f"m{world}",
+                "--state-dir", tmp_path / f"s{world}"], world, tmp_path)  # fmt: skip
+    one = load_file(tmp_path / "m1/question_encoder/model.safetensors")
+    two = load_file(tmp_path / "m2/question_encoder/model.safetensors")
+    for name in one:
+        torch.testing.assert_close(one[name], two[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.slow
+def test_eval_and_scoring_lose_nothing_on_1_2_3_ranks(tmp_path, tiny_model_dir, toy_records):
+    questions = write_json(tmp_path / "q.json", toy_records["dev"][:7])  # 7: not divisible by 2, 3
+    config = _yaml(tmp_path / "c.yaml", {"n_passages": 3, "max_answer_tokens": 3, "batch_size": 2})
+    score_config = _yaml(tmp_path / "s.yaml", {"n_passages": 3, "batch_size": 2})
+    outputs = {}
+    for world in (1, 2, 3):
+        launch(["eval-reader", "--config", config, "--model", tiny_model_dir, "--questions",
+                questions, "--predictions", tmp_path / f"p{world}.jsonl", "--metrics",
+                tmp_path / f"m{world}.json"], world, tmp_path)  # fmt: skip
+        launch(["score-passages", "--config", score_config, "--model", tiny_model_dir, "--questions",
+                questions, "--output", tmp_path / f"s{world}.json"], world, tmp_path)  # fmt: skip
+        outputs[world] = (
+            (tmp_path / f"p{world}.jsonl").read_text(),
+            json.loads((tmp_path / f"m{world}.json").read_text()),
+            json.loads((tmp_path / f"s{world}.json").read_text()),
+        )
+    assert len(outputs[1][0].splitlines()) == 7 and outputs[1][1]["n_scored"] == 7
+    for world in (2, 3):
+        assert outputs[world][0] == outputs[1][0]
+        assert outputs[world][1] == outputs[1][1]
+        for a, b in zip(outputs[world][2], outputs[1][2], strict=True):
+            assert [c["reader_score"] for c in a["ctxs"]] == pytest.approx(
+                [c["reader_score"] for c in b["ctxs"]], abs=1e-5, nan_ok=True
+            )
+
+
+def _train_args(tmp_path, model_dir, train, dev, name, config):
+    return [sys.executable, "-m", "fid", "--threads", "1", "train-reader", "--config", str(config),
+            "--train", str(train), "--dev", str(dev), "--init-model", str(model_dir),
+            "--output", str(tmp_path / f"model-{name}"), "--state-dir", str(tmp_path / f"state-{name}")]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["signals", "sigkill"])
+def test_interrupted_runs_end_bitwise_equal(tmp_path, tiny_model_dir, toy_records, how):
+    """SIGUSR1/SIGTERM at random steps (a clean stop with a checkpoint), or SIGKILL at random
+    moments of a run that checkpoints every step (a kill mid-write included): resumed to the
+    end, the weights equal those of an uninterrupted run, bit for bit."""
+    train = write_json(tmp_path / "train.json", toy_records["train"][:40])
+    dev = write_json(tmp_path / "dev.json", toy_records["dev"][:3])
+    config = _yaml(tmp_path / "c.yaml", dict(
+        n_passages=3, passage_max_tokens=32, batch_size_per_device=4, max_steps=120, lr=1e-3,
+        warmup_steps=5, eval_every_steps=60, save_every_steps=1 if how == "sigkill" else 1000,
+        keep_last_checkpoints=2, log_every_steps=10, batch_size=3, max_answer_tokens=3,
+        precision="fp32", tensorboard=False, dropout=0.1,
+    ))  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    straight = subprocess.run(_train_args(tmp_path, tiny_model_dir, train, dev, "straight", config),
+                              env=env, capture_output=True, text=True)  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-2000:]
+
+    rng = random.Random(0)
+    interruptions, signals = 0, [signal.SIGUSR1, signal.SIGTERM]
+    for attempt in range(12):
+        process = subprocess.Popen(_train_args(tmp_path, tiny_model_dir, train, dev, "stopped", config),
+                                   env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        if attempt < 4:  # interrupt the first runs at a random moment after start-up
+            time.sleep(rng.uniform(4.0, 7.0))
+            if process.poll() is None:
+                sig = signal.SIGKILL if how == "sigkill" else signals[attempt % 2]
+                process.send_signal(sig)
+                interruptions += 1
+        _, log = process.communicate(timeout=300)
+        if process.returncode == 0:
+            break
+        expected = -signal.SIGKILL if how == "sigkill" else 75
+        assert process.returncode == expected, log[-2000:]
+        if how == "signals":
+            assert "stopping at step" in log
+    assert process.returncode == 0 and interruptions >= 2
+    a = load_file(tmp_path / "model-straight/model.safetensors")
+    b = load_file(tmp_path / "model-stopped/model.safetensors")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
