@@ -34,6 +34,9 @@ from fid.fileio import atomic_directory
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+SHARDED_DIR = (
+    "sharded"  # FSDP checkpoints: model and optimizer shards (torch.distributed.checkpoint)
+)
 
 
 @dataclass
@@ -76,6 +79,29 @@ def step_checkpoints(state_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def write_training_state(
+    folder: Path,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None,
+    progress: TrainingProgress,
+    config: dict[str, Any],
+    rng_states: list[dict[str, Any]] | None,
+) -> None:
+    """training_state.pt: everything but the weights (and, when sharded, the optimizer)."""
+    torch.save(
+        {
+            "progress": vars(progress).copy(),
+            "optimizer": None if optimizer is None else optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": None if scaler is None else scaler.state_dict(),
+            "rng": rng_states if rng_states is not None else [rng_state()],
+            "config": config,
+        },
+        folder / "training_state.pt",
+    )
+
+
 def save_checkpoint(
     state_dir: str | Path,
     model: nn.Module,
@@ -95,22 +121,17 @@ def save_checkpoint(
     target = state_dir / f"step-{progress.step}"
     with atomic_directory(target) as tmp:
         save_model(model, str(tmp / "model.safetensors"))
-        torch.save(
-            {
-                "progress": vars(progress).copy(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": None if scaler is None else scaler.state_dict(),
-                "rng": rng_states if rng_states is not None else [rng_state()],
-                "config": config,
-            },
-            tmp / "training_state.pt",
-        )
+        write_training_state(tmp, optimizer, scheduler, scaler, progress, config, rng_states)
+    publish_checkpoint(state_dir, target, keep_last)
+    return target
+
+
+def publish_checkpoint(state_dir: Path, target: Path, keep_last: int) -> None:
+    """Points `latest` at a complete `step-N` folder and prunes the oldest ones."""
     _point_latest(state_dir, target.name)
     for _, old in step_checkpoints(state_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     logger.info("saved checkpoint %s", target)
-    return target
 
 
 def _point_latest(state_dir: Path, name: str) -> None:
@@ -134,9 +155,14 @@ def load_checkpoint(
     with gives the extra ranks those of rank % saved ranks.
     """
     path = Path(path)
-    load_model(model, str(path / "model.safetensors"), strict=True)
     state = torch.load(path / "training_state.pt", weights_only=True, map_location="cpu")
-    optimizer.load_state_dict(state["optimizer"])
+    if (path / SHARDED_DIR).is_dir():
+        from fid.training.sharding import load_sharded
+
+        load_sharded(path / SHARDED_DIR, model, optimizer)
+    else:
+        load_model(model, str(path / "model.safetensors"), strict=True)
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])

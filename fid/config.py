@@ -134,6 +134,8 @@ class TrainingConfig:
         keep_last_checkpoints: `step-N` checkpoints kept (best_dev is kept separately).
         log_every_steps: logging cadence of the loss, learning rate and peak memory.
         tensorboard: write TensorBoard scalars beside metrics.jsonl.
+        sharding: "ddp" replicates the model on every rank; "fsdp" shards parameters,
+            gradients and optimizer state across ranks (readers too large for one GPU).
     """
 
     seed: int = 0
@@ -152,6 +154,7 @@ class TrainingConfig:
     keep_last_checkpoints: int = 2
     log_every_steps: int = 50
     tensorboard: bool = True
+    sharding: Literal["ddp", "fsdp"] = "ddp"
 
     def __post_init__(self):
         _check_range("max_steps", self.max_steps, low=1)

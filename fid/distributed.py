@@ -15,6 +15,7 @@ code path also runs in one CPU process.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -175,16 +176,34 @@ def barrier() -> None:
         dist.barrier()
 
 
+_split_work = True
+
+
+@contextlib.contextmanager
+def every_rank_does_all():
+    """Within this block `shard_indices` gives every rank all items (and `gather_in_order`
+    passes them through): for sharded (FSDP) models, whose ranks must run the same forward
+    calls in lockstep."""
+    global _split_work
+    previous, _split_work = _split_work, False
+    try:
+        yield
+    finally:
+        _split_work = previous
+
+
 def shard_indices(n: int) -> list[int]:
     """This rank's share of n items: every world_size-th item (nothing lost or repeated)."""
     rank, size = world()
+    if not _split_work:
+        return list(range(n))
     return list(range(rank, n, size))
 
 
 def gather_in_order(n: int, local: Sequence[T]) -> list[T]:
     """Reassembles per-rank results of `shard_indices(n)` into input order on every rank."""
     rank, size = world()
-    if size == 1:
+    if size == 1 or not _split_work:
         return list(local)
     parts: list[Any] = [None] * size
     dist.all_gather_object(parts, list(local))

@@ -70,9 +70,18 @@ class FiDReader(nn.Module):
         t5 = T5ForConditionalGeneration.from_pretrained(name_or_path)
         return cls(t5, **kwargs)
 
-    def save_pretrained(self, path) -> None:
-        """Saves the wrapped T5 as a plain Hugging Face model (safetensors)."""
-        self.t5.save_pretrained(path)
+    def save_pretrained(self, path, state_dict: dict | None = None) -> None:
+        """Saves the wrapped T5 as a plain Hugging Face model (safetensors).
+
+        `state_dict`: this module's full weights when they are sharded (FSDP).
+        """
+        if state_dict is not None:
+            state_dict = {k[len("t5.") :]: v for k, v in state_dict.items() if k.startswith("t5.")}
+        self.t5.save_pretrained(path, state_dict=state_dict)
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The transformer blocks: the units that FSDP shards."""
+        return [*self.t5.encoder.block, *self.t5.decoder.block]
 
     @property
     def config(self):

@@ -237,3 +237,36 @@ def test_interrupted_runs_end_bitwise_equal(tmp_path, tiny_model_dir, toy_record
     b = load_file(tmp_path / "model-stopped/model.safetensors")
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_fsdp_matches_ddp_and_resumes_from_sharded_checkpoints(
+    tmp_path, tiny_model_dir, equal_length_data
+):
+    import shutil
+
+    train, dev = equal_length_data
+    base = yaml.safe_load(_reader_config(tmp_path, 2).read_text())
+    for name in ("ddp", "fsdp"):
+        config = _yaml(tmp_path / f"{name}.yaml", dict(base, sharding=name))
+        launch(["train-reader", "--config", config, "--train", train, "--dev", dev,
+                "--init-model", tiny_model_dir, "--output", tmp_path / f"m-{name}",
+                "--state-dir", tmp_path / f"s-{name}"], 2, tmp_path)  # fmt: skip
+    ddp = load_file(tmp_path / "m-ddp/model.safetensors")
+    fsdp = load_file(tmp_path / "m-fsdp/model.safetensors")
+    for name in ddp:
+        torch.testing.assert_close(ddp[name], fsdp[name], atol=1e-5, rtol=1e-4, msg=name)
+    state = tmp_path / "s-fsdp"
+    assert (state / "step-4" / "sharded" / ".metadata").is_file()
+    assert not (state / "step-4" / "model.safetensors").exists()
+
+    # Lose the last checkpoint and the model: the rerun resumes from the sharded step-2.
+    shutil.rmtree(state / "step-4")
+    shutil.rmtree(tmp_path / "m-fsdp")
+    logs = launch(["train-reader", "--config", tmp_path / "fsdp.yaml", "--train", train,
+                   "--dev", dev, "--init-model", tiny_model_dir, "--output", tmp_path / "m-fsdp",
+                   "--state-dir", state], 2, tmp_path)  # fmt: skip
+    assert "resumed from" in logs[0] and "step-2" in logs[0]
+    resumed = load_file(tmp_path / "m-fsdp/model.safetensors")
+    for name in fsdp:
+        assert torch.equal(fsdp[name], resumed[name]), name

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -27,15 +28,19 @@ from tqdm import tqdm
 
 from fid import distributed
 from fid.checkpoint import (
+    SHARDED_DIR,
     TrainingProgress,
     load_checkpoint,
+    publish_checkpoint,
     rng_state,
     save_checkpoint,
     step_checkpoints,
+    write_training_state,
 )
-from fid.config import TrainingConfig
+from fid.config import ConfigError, TrainingConfig
 from fid.fileio import atomic_directory, atomic_write_json, recover_directory
 from fid.logs import MetricsWriter, PeakMemory
+from fid.training import sharding
 from fid.training.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
@@ -58,8 +63,9 @@ class TrainTask(Protocol):
         """Dev metrics over the whole dev set (called on every rank, in eval mode, without
         gradients, under autocast); each rank may take its share and gather the results."""
 
-    def save_model(self, path: Path) -> None:
-        """Writes the model in its final, loadable format into the folder `path`."""
+    def save_model(self, path: Path, state_dict: dict | None = None) -> None:
+        """Writes the model in its final, loadable format into the folder `path` (from
+        `state_dict`, the full weights, when the model itself is sharded)."""
 
 
 def autocast(device: torch.device, precision: str):
@@ -161,6 +167,13 @@ def run_training(
     rank, world_size = distributed.world()
     model = task.model
     amp = autocast(device, precision)  # validates precision before any work
+    sharded = cfg.sharding == "fsdp" and world_size > 1
+    if cfg.sharding == "fsdp" and not hasattr(task, "fsdp_units"):
+        raise ConfigError("sharding = 'fsdp' is supported for the reader only: use 'ddp'")
+    if sharded:
+        units = task.fsdp_units()
+        replicated = sharding.shard(model, units)  # before the optimizer sees the parameters
+        logger.info("FSDP: %d sharded units, %d replicated tensors", len(units), len(replicated))
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(
         optimizer, cfg.scheduler, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio
@@ -181,7 +194,7 @@ def run_training(
         logger.info("starting a new run in %s", state_dir)
 
     train_model = model
-    if world_size > 1:
+    if world_size > 1 and not sharded:
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [device] if device.type == "cuda" else None
@@ -209,11 +222,29 @@ def run_training(
 
     def save():
         rng_states = distributed.all_gather_objects(rng_state())
+        if not sharded:
+            if rank == 0:
+                save_checkpoint(
+                    state_dir, model, optimizer, scheduler, scaler, progress, config_record,
+                    cfg.keep_last_checkpoints, rng_states,
+                )  # fmt: skip
+            distributed.barrier()
+            return
+        # Every rank writes its shards into one temporary folder; rank 0 renames it when all
+        # are done, so `step-N` appears complete or not at all.
+        target = state_dir / f"step-{progress.step}"
+        tmp = state_dir / f".step-{progress.step}.tmp"
         if rank == 0:
-            save_checkpoint(
-                state_dir, model, optimizer, scheduler, scaler, progress, config_record,
-                cfg.keep_last_checkpoints, rng_states,
-            )  # fmt: skip
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        distributed.barrier()
+        sharding.save_sharded(tmp / SHARDED_DIR, model, optimizer)
+        distributed.barrier()
+        if rank == 0:
+            write_training_state(tmp, None, scheduler, scaler, progress, config_record, rng_states)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(tmp, target)
+            publish_checkpoint(state_dir, target, cfg.keep_last_checkpoints)
         distributed.barrier()
 
     model.train()
@@ -224,7 +255,9 @@ def run_training(
                     batch = stream.take(world_size)[rank]
                     # Gradients are all-reduced only on the last micro-step.
                     last = micro_step == cfg.gradient_accumulation_steps - 1
-                    if last or world_size == 1:
+                    if sharded:
+                        sharding.set_gradient_sync(units, last)
+                    if last or world_size == 1 or sharded:
                         sync = contextlib.nullcontext()
                     else:
                         sync = train_model.no_sync()
@@ -236,10 +269,14 @@ def run_training(
                         (scaler.scale(scaled) if scaler else scaled).backward()
                     interval_loss += loss.detach() / cfg.gradient_accumulation_steps
 
+                if sharded:
+                    sharding.average_replicated_gradients(replicated)
                 if scaler is not None:
                     scaler.unscale_(optimizer)
                 grad_norm = None
-                if cfg.clip_grad_norm is not None:
+                if cfg.clip_grad_norm is not None and sharded:
+                    grad_norm = sharding.clip_grad_norm(parameters, cfg.clip_grad_norm)
+                elif cfg.clip_grad_norm is not None:
                     grad_norm = torch.nn.utils.clip_grad_norm_(parameters, cfg.clip_grad_norm)
                 if scaler is not None:
                     scaler.step(optimizer)
@@ -270,7 +307,7 @@ def run_training(
                     memory.reset()
 
                 if final or (cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0):
-                    _evaluate(task, progress, metrics, amp, state_dir)
+                    _evaluate(task, progress, metrics, amp, state_dir, sharded)
                 saved = False
                 if final or (cfg.save_every_steps and progress.step % cfg.save_every_steps == 0):
                     save()
@@ -300,12 +337,15 @@ def _log_train(metrics: MetricsWriter | None, step: int, max_steps: int, values:
     )  # fmt: skip
 
 
-def _evaluate(task: TrainTask, progress: TrainingProgress, metrics, amp, state_dir: Path):
-    """Dev evaluation on every rank (each takes its share); rank 0 logs and saves a new best
-    to best_dev/ in the final format."""
+def _evaluate(
+    task: TrainTask, progress: TrainingProgress, metrics, amp, state_dir: Path, sharded: bool
+) -> None:
+    """Dev evaluation on every rank (each takes its share; with FSDP each runs all of it in
+    lockstep); rank 0 logs and saves a new best to best_dev/ in the final format."""
     task.model.eval()
     started = time.perf_counter()
-    with torch.no_grad(), amp:
+    lockstep = distributed.every_rank_does_all() if sharded else contextlib.nullcontext()
+    with torch.no_grad(), amp, lockstep:
         results = task.evaluate()
     task.model.train()
     results["eval_time_s"] = time.perf_counter() - started
@@ -315,9 +355,13 @@ def _evaluate(task: TrainTask, progress: TrainingProgress, metrics, amp, state_d
         metrics.write("dev", progress.step, results)
     if progress.best_metric is None or value >= progress.best_metric:  # ties: the later
         progress.best_metric, progress.best_step = value, progress.step
+        full = sharding.full_state_dict(task.model) if sharded else None  # all ranks gather
         if distributed.is_main():
             with atomic_directory(state_dir / "best_dev") as tmp:
-                task.save_model(tmp)
+                if full is None:
+                    task.save_model(tmp)
+                else:
+                    task.save_model(tmp, state_dict=full)
                 atomic_write_json(tmp / "dev_metrics.json", {"step": progress.step, **results})
             logger.info("new best dev %s %.4f at step %d", task.dev_metric, value, progress.step)
         distributed.barrier()

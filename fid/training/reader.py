@@ -86,9 +86,12 @@ class ReaderTask:
         metrics = answer_metrics(predictions, [example.answers for example in self.dev])
         return {"exact_match": metrics["exact_match"], "f1": metrics["f1"], "n": len(self.dev)}
 
-    def save_model(self, path: Path) -> None:
-        self.model.save_pretrained(path)
+    def save_model(self, path: Path, state_dict: dict | None = None) -> None:
+        self.model.save_pretrained(path, state_dict=state_dict)
         self.tokenizer.save_pretrained(path)
+
+    def fsdp_units(self) -> list[torch.nn.Module]:
+        return self.model.fsdp_units()
 
 
 def load_reader(

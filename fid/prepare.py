@@ -1,0 +1,119 @@
+"""Raw question files into the pipeline's question splits.
+
+`prepare_questions` reads any format `fid.questions.load_questions` knows (NQ-open jsonl,
+TriviaQA json, DPR qas TSV/CSV, FiD json/jsonl), optionally keeps the records an index file
+lists (facebookresearch/FiD's `dataindex.tar.gz` holds `NQ.{train,dev,test}.idx.json` and
+`TQA.*.idx.json`: positions into NQ-open's train/dev files and TriviaQA's unfiltered web
+train/dev files, which is how FiD and DPR cut their train/dev/test splits), or a seeded
+fraction of the records (to cut one file of your own into train/dev/test), and writes
+`{id, question, answers}` jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from fid.config import ConfigError
+from fid.data import DataError
+from fid.fileio import atomic_write_jsonl
+from fid.questions import load_questions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrepareQuestionsConfig:
+    """`fid prepare-questions`: which records of a raw question file form a split.
+
+    Attributes:
+        shuffle_seed: shuffle the records (after the index selection) with this seed before
+            taking the fraction; None keeps the file order.
+        select_from, select_to: keep records [from * n, to * n) of the (shuffled) records, so
+            that e.g. 0-0.8 / 0.8-0.9 / 0.9-1 with one seed cut one file into disjoint splits.
+        max_questions: keep at most this many (the first ones) afterwards.
+        drop_unlabeled: drop questions without answers (training needs answers).
+    """
+
+    shuffle_seed: int | None = None
+    select_from: float = 0.0
+    select_to: float = 1.0
+    max_questions: int | None = None
+    drop_unlabeled: bool = False
+
+    def __post_init__(self):
+        if not 0.0 <= self.select_from < self.select_to <= 1.0:
+            raise ConfigError(
+                f"select_from = {self.select_from!r}, select_to = {self.select_to!r} are out of "
+                "range: expected 0 <= select_from < select_to <= 1"
+            )
+        if self.max_questions is not None and self.max_questions < 1:
+            raise ConfigError(
+                f"max_questions = {self.max_questions!r} is out of range: expected >= 1 or null"
+            )
+
+
+def _load_index(path: Path, n_records: int, source: Path) -> list[int]:
+    """A json list of record positions (FiD's `*.idx.json`), each checked against the file."""
+    try:
+        positions = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path}: index file not found") from None
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}: invalid JSON at line {error.lineno}: {error.msg}") from None
+    if not isinstance(positions, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) for p in positions
+    ):
+        raise DataError(f"{path}: expected a JSON list of record positions (integers)")
+    bad = [p for p in positions if not 0 <= p < n_records]
+    if bad:
+        raise DataError(
+            f"{path}: position {bad[0]} is outside {source}, which holds {n_records} records. "
+            "Hint: is this the index of another file?"
+        )
+    return positions
+
+
+def prepare_questions(
+    input_path: str | Path,
+    output_path: str | Path,
+    cfg: PrepareQuestionsConfig,
+    index_path: str | Path | None = None,
+) -> int:
+    """Writes one question split as `{id, question, answers}` jsonl.
+
+    Args:
+        input_path: the raw question file (any format `load_questions` reads).
+        output_path: the jsonl to write (atomically).
+        cfg: fraction, shuffling and filtering.
+        index_path: optional json list of the positions to keep, in their order.
+
+    Returns:
+        The number of questions written.
+
+    Raises:
+        DataError: an unreadable input or index, or a selection that keeps no question.
+    """
+    input_path = Path(input_path)
+    questions = load_questions(input_path)
+    if index_path is not None:
+        questions = [questions[p] for p in _load_index(Path(index_path), len(questions), input_path)]
+    if cfg.shuffle_seed is not None:
+        random.Random(cfg.shuffle_seed).shuffle(questions)
+    n = len(questions)
+    questions = questions[round(cfg.select_from * n) : round(cfg.select_to * n)]
+    if cfg.drop_unlabeled:
+        questions = [q for q in questions if q["answers"]]
+    if cfg.max_questions is not None:
+        questions = questions[: cfg.max_questions]
+    if not questions:
+        raise DataError(
+            f"{input_path}: the selection keeps no question (from {cfg.select_from} to "
+            f"{cfg.select_to} of {n}). Hint: widen the fraction."
+        )
+    atomic_write_jsonl(output_path, questions)
+    logger.info("wrote %d of %d questions of %s to %s", len(questions), n, input_path, output_path)
+    return len(questions)

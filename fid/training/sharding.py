@@ -1,0 +1,99 @@
+"""Fully sharded training (PyTorch FSDP2) for readers too large for one GPU (t5-3b, t5-11b).
+
+Each transformer block is its own `fully_shard` unit: its parameters, gradients and optimizer
+state live 1/world on each rank and are gathered only while the block runs. The few parameters
+outside the blocks (the shared embedding, tied to the LM head, and the final norms: under 1% of
+t5-11b) stay replicated, and their gradients are averaged by hand, because sharding a tied
+embedding would need the embedding and head in one unit with the root's hooks, which the reader's
+own calls (encode, generate, scoring) bypass.
+
+Checkpoints are sharded with torch.distributed.checkpoint: each rank writes its part into the
+same temporary folder, and rank 0 renames it into place once all have finished.
+
+Works with gloo on CPU (tested with 2 processes) and nccl on GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+def shard(model: nn.Module, units: Sequence[nn.Module]) -> list[nn.Parameter]:
+    """Applies `fully_shard` to each unit; returns the parameters left replicated."""
+    for unit in units:
+        fully_shard(unit)
+    return [p for p in model.parameters() if not isinstance(p, DTensor)]
+
+
+def set_gradient_sync(units: Iterable[nn.Module], enabled: bool) -> None:
+    """Off during non-final accumulation micro-steps: gradients then reduce-scatter once."""
+    for unit in units:
+        if isinstance(unit, FSDPModule):
+            unit.set_requires_gradient_sync(enabled)
+
+
+def average_replicated_gradients(parameters: Sequence[nn.Parameter]) -> None:
+    """All-reduce (mean) the gradients of the parameters outside the sharded units."""
+    world = dist.get_world_size()
+    for parameter in parameters:
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad)
+            parameter.grad.div_(world)
+
+
+def clip_grad_norm(parameters: Sequence[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global gradient-norm clipping over sharded (DTensor) and replicated gradients.
+
+    Returns:
+        The total norm before clipping (the same on every rank).
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    device = grads[0].device if grads else torch.device("cpu")
+    sharded_sq = torch.zeros((), device=device)
+    replicated_sq = torch.zeros((), device=device)
+    for grad in grads:
+        if isinstance(grad, DTensor):
+            sharded_sq += grad.to_local().float().pow(2).sum()
+        else:
+            replicated_sq += grad.float().pow(2).sum()
+    dist.all_reduce(sharded_sq)  # each rank holds a disjoint shard: the sum is the total
+    total = (sharded_sq + replicated_sq).sqrt()
+    coefficient = min(1.0, max_norm / (float(total) + 1e-6))
+    for grad in grads:
+        grad.mul_(coefficient)
+    return total
+
+
+def save_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Every rank writes its shards of the model and optimizer into `folder`."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder))
+
+
+def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on CPU on rank 0 (empty elsewhere); every rank must call it."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)

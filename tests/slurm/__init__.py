@@ -1,0 +1,1 @@
+"""Tests against a real SLURM started on this host by tests/slurm/harness.sh."""

@@ -1,0 +1,282 @@
+"""`fid` under a real SLURM (tests/slurm/harness.sh): multi-node DDP and requeued training.
+
+- 4 `srun` tasks over 2 emulated nodes train a reader to the same weights as 4 torchrun-style
+  ranks started locally: fid takes its rank, world and rendezvous from SLURM's variables.
+- A job requeued mid-training (by `scontrol requeue`, or by fid itself after SIGUSR1 with
+  FID_SLURM_REQUEUE=1) restarts, resumes from its state folder and ends bitwise equal to an
+  uninterrupted local run.
+
+Every process runs on one thread. Each test prints its timings (`pytest -s` shows them).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import write_json
+from safetensors.torch import load_file
+
+from .conftest import ENDED, clean_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+PYTHON = sys.executable
+JOB_TIMEOUT_S = 600  # a whole job, start to end
+LAYOUT = "--nodes=2 --ntasks-per-node=2 --cpus-per-task=1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fid(*args) -> str:
+    """The fid command line (one thread), quoted for a job script."""
+    return shlex.join([PYTHON, "-m", "fid", "--threads", "1", *map(str, args)])
+
+
+def _yaml(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/bash\n" + body)
+    return path
+
+
+def launch_local(args: list, world_size: int, cwd: Path, timeout: int = 600) -> None:
+    """Runs `python -m fid ARGS` as `world_size` local gloo ranks with torchrun's variables."""
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [PYTHON, "-m", "fid", "--threads", "1", *map(str, args)],
+            env=clean_env(
+                RANK=str(rank),
+                WORLD_SIZE=str(world_size),
+                LOCAL_RANK=str(rank),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+            ),
+            cwd=cwd,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world_size)
+    ]
+    try:
+        logs = [p.communicate(timeout=timeout)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"local rank {rank} failed:\n{log[-3000:]}"
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_four_srun_tasks_on_two_nodes_equal_four_local_ranks(
+    slurm, tmp_path, tiny_model_dir, toy_records
+):
+    # Equal-length targets: each rank's mean loss then averages to the global mean.
+    train = write_json(tmp_path / "train.json",
+                       [dict(r, target="x y") for r in toy_records["train"][:32]])  # fmt: skip
+    dev = write_json(tmp_path / "dev.json", toy_records["dev"][:5])
+    config = _yaml(tmp_path / "train.yaml", dict(
+        n_passages=3, passage_max_tokens=32, batch_size_per_device=2, max_steps=4, lr=1e-3,
+        warmup_steps=1, eval_every_steps=2, save_every_steps=2, log_every_steps=1, batch_size=2,
+        max_answer_tokens=3, precision="fp32", tensorboard=False, dropout=0.0,
+    ))  # fmt: skip
+
+    def args(name):
+        return ["train-reader", "--config", config, "--train", train, "--dev", dev,
+                "--init-model", tiny_model_dir, "--output", tmp_path / f"model-{name}",
+                "--state-dir", tmp_path / f"state-{name}"]  # fmt: skip
+
+    started = time.perf_counter()
+    launch_local(args("local"), 4, tmp_path)
+    local_s = time.perf_counter() - started
+
+    port = _free_port()
+    srun = f"srun {LAYOUT} --gpus-per-task=1 --kill-on-bad-exit=1"
+    script = _script(tmp_path / "ddp.sh", f"""set -euo pipefail
+# One line per task: where SLURM put it (checked by the test).
+{srun} bash -c 'echo "$SLURM_PROCID $SLURMD_NODENAME $SLURM_LOCALID ${{CUDA_VISIBLE_DEVICES:-}}"' > layout.txt
+{srun} {_fid(*args("slurm"))}
+""")  # fmt: skip
+    log = tmp_path / "ddp.out"
+    started = time.perf_counter()
+    job = slurm.sbatch(
+        script,
+        [*LAYOUT.split(), "--gres=gpu:2", "--time=10", "--job-name=fid-ddp",
+         f"--output={log}", f"--chdir={tmp_path}"],
+        env=slurm.env(FID_MASTER_PORT=str(port)),
+    )  # fmt: skip
+    info = slurm.wait_ended(job, JOB_TIMEOUT_S, log)
+    slurm_s = time.perf_counter() - started
+    print(f"\n[slurm] 4 local ranks {local_s:.1f} s; 4 srun tasks on 2 nodes {slurm_s:.1f} s")
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log.read_text()[-3000:]
+
+    layout = sorted(
+        tuple(line.split()) for line in (tmp_path / "layout.txt").read_text().splitlines()
+    )
+    assert [row[:3] for row in layout] == [("0", "fidnode1", "0"), ("1", "fidnode1", "1"),
+                                           ("2", "fidnode2", "0"), ("3", "fidnode2", "1")], layout  # fmt: skip
+    assert {row[3] for row in layout} == {"0", "1"}, f"one fake GPU per task expected: {layout}"
+    run_log = (tmp_path / "state-slurm" / "train.log").read_text()
+    assert f"rank 0 of 4 (slurm) on cpu, master fidnode1:{port}" in run_log
+
+    local = load_file(tmp_path / "model-local" / "model.safetensors")
+    remote = load_file(tmp_path / "model-slurm" / "model.safetensors")
+    assert local.keys() == remote.keys()
+    for name in local:
+        torch.testing.assert_close(remote[name], local[name], atol=1e-5, rtol=1e-4, msg=name)
+    dev_local = [
+        r for r in _records(tmp_path / "model-local" / "metrics.jsonl") if r["kind"] == "dev"
+    ]
+    dev_slurm = [
+        r for r in _records(tmp_path / "model-slurm" / "metrics.jsonl") if r["kind"] == "dev"
+    ]
+    assert [r["exact_match"] for r in dev_slurm] == [r["exact_match"] for r in dev_local]
+
+
+class Training:
+    """One reader run's inputs: long enough (120 steps of ~20-150 ms) for a signal to land
+    mid-training; dropout on, so a resume must restore the RNGs to end bitwise equal."""
+
+    def __init__(self, root: Path, model_dir: Path, records: dict):
+        self.train = write_json(root / "train.json", records["train"][:40])
+        self.dev = write_json(root / "dev.json", records["dev"][:3])
+        self.max_steps = 120
+        self.config = _yaml(root / "train.yaml", dict(
+            n_passages=3, passage_max_tokens=32, batch_size_per_device=4,
+            max_steps=self.max_steps, lr=1e-3, warmup_steps=5, eval_every_steps=60,
+            save_every_steps=40, keep_last_checkpoints=2, log_every_steps=10, batch_size=3,
+            max_answer_tokens=3, precision="fp32", tensorboard=False, dropout=0.1,
+        ))  # fmt: skip
+        self.model_dir = model_dir
+
+    def args(self, output: Path, state: Path) -> list:
+        return ["train-reader", "--config", self.config, "--train", self.train, "--dev", self.dev,
+                "--init-model", self.model_dir, "--output", output, "--state-dir", state]  # fmt: skip
+
+    def weights(self, output: Path, state: Path) -> dict[str, dict]:
+        """The exported model and the last checkpoint's weights."""
+        return {
+            "exported": load_file(output / "model.safetensors"),
+            "last step": load_file(state / f"step-{self.max_steps}" / "model.safetensors"),
+        }
+
+
+@pytest.fixture(scope="module")
+def straight(slurm, tmp_path_factory, tiny_model_dir, toy_records):
+    """An uninterrupted single-process local run: what every requeued job must end equal to."""
+    root = tmp_path_factory.mktemp("straight")
+    training = Training(root, tiny_model_dir, toy_records)
+    output, state = root / "model", root / "state"
+    started = time.perf_counter()
+    result = subprocess.run([PYTHON, "-m", "fid", "--threads", "1", *map(str, training.args(output, state))],
+                            env=clean_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    print(f"\n[slurm] straight local run of {training.max_steps} steps: "
+          f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+    return training, training.weights(output, state)
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _eligible_time(info: dict) -> float:
+    """When the job may start (`EligibleTime`, slurmctld's local time), as a Unix time."""
+    return time.mktime(time.strptime(info["EligibleTime"], "%Y-%m-%dT%H:%M:%S"))
+
+
+@pytest.mark.parametrize("how", ["scontrol-requeue", "usr1-then-fid-requeues"])
+def test_requeued_job_resumes_and_ends_bitwise_equal(slurm, straight, tmp_path, how):
+    """(a) `scontrol requeue JOB` while it trains: SLURM stops the task with SIGTERM; (b)
+    `scancel --signal=USR1 JOB` (without --batch, which would signal only the batch shell, not
+    the srun tasks): fid checkpoints, exits 75 and, with FID_SLURM_REQUEUE=1, requeues its own
+    job. Either way the job restarts (after SLURM's hold, cut short here with
+    `scontrol update StartTime=now`) and resumes from the state folder."""
+    training, expected = straight
+    # The state folder lives outside the job's declared outputs: nothing deletes it on requeue.
+    output, state, log = tmp_path / "model", tmp_path / "state", tmp_path / "job.out"
+    script = _script(tmp_path / "job.sh", f"""
+echo "job start, restart ${{SLURM_RESTART_COUNT:-0}}"
+srun --ntasks=1 --cpus-per-task=1 {_fid(*training.args(output, state))}
+status=$?
+echo "fid exit status $status"
+exit $status
+""")  # fmt: skip
+    extra = {"FID_SLURM_REQUEUE": "1"} if how == "usr1-then-fid-requeues" else {}
+    started = time.perf_counter()
+    job = slurm.sbatch(
+        script,
+        ["--ntasks=1", "--cpus-per-task=1", "--requeue", "--open-mode=append", "--time=15",
+         "--job-name=fid-requeue", f"--output={log}", f"--chdir={tmp_path}"],
+        env=slurm.env(**extra),
+    )  # fmt: skip
+
+    def training_under_way() -> bool:
+        info = slurm.job(job)
+        assert info["JobState"] in ("PENDING", "RUNNING"), (info, log.read_text()[-3000:])
+        metrics = state / "metrics.jsonl"
+        return metrics.exists() and '"kind": "train"' in metrics.read_text()
+
+    _wait_for(training_under_way, 300, f"job {job} to log its first training steps")
+    signalled = time.time()
+    if how == "scontrol-requeue":
+        slurm.run("scontrol", "requeue", job)
+    else:
+        slurm.run("scancel", "--signal=USR1", job)
+    held = slurm.wait(
+        job, lambda i: i["JobState"] == "PENDING" and int(i["Restarts"]) >= 1
+        or i["JobState"] in ENDED, 120, log,
+    )  # fmt: skip
+    assert held["JobState"] == "PENDING", f"job not requeued: {held}\n{log.read_text()[-3000:]}"
+    requeued_s = time.time() - signalled
+    hold_s = _eligible_time(held) - signalled
+    slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
+    restarted = time.time()
+    slurm.wait(job, lambda i: i["JobState"] != "PENDING", 60, log)
+    restart_s = time.time() - restarted
+    info = slurm.wait_ended(job, JOB_TIMEOUT_S, log)
+    total_s = time.perf_counter() - started
+    print(f"\n[slurm] {how}: requeued (PENDING) {requeued_s:.1f} s after the signal; "
+          f"SLURM holds it until {hold_s:.0f} s after the signal; running again {restart_s:.1f} s "
+          f"after `scontrol update StartTime=now`; whole job {total_s:.1f} s")  # fmt: skip
+
+    job_log = log.read_text()
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), (
+        f"{info}\n{job_log[-3000:]}"
+    )
+    run_log = (state / "train.log").read_text()
+    assert "stopping at step" in run_log, "the first run did not stop cleanly on the signal"
+    assert "resumed from" in run_log, "the restarted job did not resume from a checkpoint"
+    assert "fid exit status 0" in job_log
+    if how == "usr1-then-fid-requeues":
+        assert f"requeued SLURM job {job}" in run_log
+    got = training.weights(output, state)
+    for which, tensors in expected.items():
+        assert got[which].keys() == tensors.keys()
+        for name, tensor in tensors.items():
+            assert torch.equal(got[which][name], tensor), f"{which}: {name}"
