@@ -246,12 +246,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--corpus", type=Path, nargs="+", required=True, help="passage TSV / FiD json")
     c.add_argument("--output", type=Path, required=True, help="model folder to write")
 
+    def add_training_paths(command, questions: str, model: str):
+        command.add_argument("--train", type=Path, required=True, help=f"training {questions}")
+        command.add_argument("--dev", type=Path, required=True, help=f"dev {questions}")
+        command.add_argument("--init-model", required=True, help=f"{model} name or folder")
+        command.add_argument("--output", type=Path, required=True, help="final model folder")
+        command.add_argument(
+            "--state-dir", type=Path, required=True, help="checkpoints, logs, metrics (resumed)"
+        )
+
     c = add("train-reader", cmd_train_reader, "Train a FiD reader (resumes from --state-dir).")
-    c.add_argument("--train", type=Path, required=True, help="FiD-format training questions")
-    c.add_argument("--dev", type=Path, required=True, help="FiD-format dev questions")
-    c.add_argument("--init-model", required=True, help="T5 name or folder to start from")
-    c.add_argument("--output", type=Path, required=True, help="final model folder")
-    c.add_argument("--state-dir", type=Path, required=True, help="checkpoints, logs, metrics")
+    add_training_paths(c, "questions (FiD format)", "T5 to start from:")
 
     c = add("eval-reader", cmd_eval_reader, "Generate answers; exact match and F1.")
     c.add_argument("--model", type=Path, required=True, help="reader folder")
@@ -273,18 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tokenizer", help="tokenizer to save beside it (e.g. t5-base)")
     c.add_argument("--output", type=Path, required=True, help="model folder to write")
 
-    c = add(
-        "init-retriever", cmd_init_retriever, "Train a WordPiece tokenizer; build a random BERT."
-    )
+    c = add("init-retriever", cmd_init_retriever, "Train a subword tokenizer; build a random BERT.")
     c.add_argument("--corpus", type=Path, nargs="+", required=True, help="passage TSV / FiD json")
     c.add_argument("--output", type=Path, required=True, help="encoder folder to write")
 
     c = add("train-retriever", cmd_train_retriever, "Distil reader scores into a retriever.")
-    c.add_argument("--train", type=Path, required=True, help="questions scored by the reader")
-    c.add_argument("--dev", type=Path, required=True, help="dev questions scored by the reader")
-    c.add_argument("--init-model", required=True, help="encoder name or folder to start from")
-    c.add_argument("--output", type=Path, required=True, help="final retriever folder")
-    c.add_argument("--state-dir", type=Path, required=True, help="checkpoints, logs, metrics")
+    add_training_paths(c, "questions scored by the reader", "encoder to start from:")
 
     c = add("build-bm25", cmd_build_bm25, "Build a BM25 index of a passage file.")
     c.add_argument("--passages", type=Path, required=True, help="DPR-style passage TSV")

@@ -37,7 +37,7 @@ from fid.checkpoint import (
     step_checkpoints,
     write_training_state,
 )
-from fid.config import ConfigError, TrainingConfig
+from fid.config import ConfigError, TrainingConfig, config_to_dict
 from fid.fileio import atomic_directory, atomic_write_json, recover_directory
 from fid.logs import MetricsWriter, PeakMemory
 from fid.training import sharding
@@ -365,6 +365,31 @@ def _evaluate(
                 atomic_write_json(tmp / "dev_metrics.json", {"step": progress.step, **results})
             logger.info("new best dev %s %.4f at step %d", task.dev_metric, value, progress.step)
         distributed.barrier()
+
+
+def train_and_export(
+    task: TrainTask,
+    cfg: TrainingConfig,
+    state_dir: str | Path,
+    output_dir: str | Path,
+    device: torch.device,
+    precision: str,
+) -> dict:
+    """Runs (or resumes) training, then rank 0 exports best_dev to `output_dir`.
+
+    Returns:
+        The exported model's step and dev metric.
+    """
+    record = config_to_dict(cfg)
+    progress = run_training(task, cfg, state_dir, device, precision, record)
+    if distributed.is_main():
+        export_best_model(state_dir, output_dir, record)
+    distributed.barrier()
+    logger.info(
+        "exported the best dev model (step %s, %s %.4f) to %s",
+        progress.best_step, task.dev_metric, progress.best_metric, output_dir,
+    )  # fmt: skip
+    return {"best_step": progress.best_step, task.dev_metric: progress.best_metric}
 
 
 def export_best_model(state_dir: str | Path, output_dir: str | Path, record: dict) -> None:

@@ -10,12 +10,12 @@ import torch
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
 from fid import distributed
-from fid.config import ReaderTrainConfig, config_to_dict
+from fid.config import ReaderTrainConfig
 from fid.data import Example, ReaderCollator, choose_target, epoch_batches, load_examples
 from fid.evaluation import answer_metrics
 from fid.inference import generate_answers
 from fid.reader import FiDReader
-from fid.training.loop import export_best_model, run_training
+from fid.training.loop import train_and_export
 
 logger = logging.getLogger(__name__)
 
@@ -128,17 +128,4 @@ def train_reader(
     reader.to(device)
     reader.set_activation_checkpointing(cfg.activation_checkpointing)
     task = ReaderTask(reader, tokenizer, cfg, train, dev, device)
-    record = config_to_dict(cfg)
-    progress = run_training(task, cfg, state_dir, device, cfg.precision, record)
-
-    if distributed.is_main():
-        export_best_model(state_dir, output_dir, record)
-    distributed.barrier()
-    logger.info(
-        "exported best dev model (step %s, %s %.4f) to %s",
-        progress.best_step,
-        task.dev_metric,
-        progress.best_metric,
-        output_dir,
-    )
-    return {"best_step": progress.best_step, task.dev_metric: progress.best_metric}
+    return train_and_export(task, cfg, state_dir, output_dir, device, cfg.precision)

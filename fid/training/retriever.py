@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from fid import distributed
-from fid.config import RetrieverTrainConfig, config_to_dict
+from fid.config import RetrieverTrainConfig
 from fid.data import DataError, Example, epoch_batches, load_examples
 from fid.has_answer import AnswerMatcher
 from fid.retriever import DualEncoder, RetrieverTokenizer
-from fid.training.loop import export_best_model, run_training
+from fid.training.loop import train_and_export
 
 logger = logging.getLogger(__name__)
 
@@ -234,16 +234,4 @@ def train_retriever(
     )
     model.to(device)
     task = RetrieverTask(model, tokenizer, cfg, train, dev, device)
-    record = config_to_dict(cfg)
-    progress = run_training(task, cfg, state_dir, device, cfg.precision, record)
-    if distributed.is_main():
-        export_best_model(state_dir, output_dir, record)
-    distributed.barrier()
-    logger.info(
-        "exported best dev retriever (step %s, %s %.2f) to %s",
-        progress.best_step,
-        cfg.select_on,
-        progress.best_metric,
-        output_dir,
-    )
-    return {"best_step": progress.best_step, cfg.select_on: progress.best_metric}
+    return train_and_export(task, cfg, state_dir, output_dir, device, cfg.precision)
