@@ -52,7 +52,9 @@ def main() -> None:
     fid("score-passages", "--model", out / "reader-bf16", "--questions", data / "test.json",
         "--output", out / "scored.json")  # fmt: skip
     subprocess.run(
-        [sys.executable, "benchmarks/reader_speed.py", "--n", "100"], check=True, cwd=ROOT
+        [sys.executable, "benchmarks/reader_speed.py", "--n", "100", "--device", "cuda"],
+        check=True,
+        cwd=ROOT,
     )
 
 

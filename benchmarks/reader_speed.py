@@ -3,7 +3,8 @@
 One question x N real passages (DPR Wikipedia passages and NQ questions from ../shared/data),
 passage_max_tokens 250, a random tiny T5 (d_model 128, 2+2 layers, 4 heads, d_ff 512, vocab
 32k), one CPU thread. Each setting runs in a fresh process: memory is the peak RSS during the
-measured steps (VmHWM, reset through /proc/self/clear_refs) minus the RSS just before them.
+measured steps (VmHWM, reset through /proc/self/clear_refs) minus the RSS just before them; on
+a GPU (`--device cuda`), CUDA max allocated minus allocated before them.
 
     python benchmarks/reader_speed.py                # full table (N = 10, 25, 50, 100)
     python benchmarks/reader_speed.py --n 100 --steps 2
@@ -70,7 +71,7 @@ def _tokenizer():
     return train_tokenizer(texts, vocab_size=32000)
 
 
-def worker(setting: str, n_passages: int, steps: int) -> dict:
+def worker(setting: str, n_passages: int, steps: int, device_name: str = "cpu") -> dict:
     """Runs one setting in this process and returns its figures."""
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
@@ -87,13 +88,15 @@ def worker(setting: str, n_passages: int, steps: int) -> dict:
         vocab_size=32128, d_model=128, d_ff=512, d_kv=32, num_layers=2, num_decoder_layers=2,
         num_heads=4, dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
     )  # fmt: skip
-    reader = FiDReader(T5ForConditionalGeneration(config), buckets, pack)
+    device = torch.device(device_name)
+    reader = FiDReader(T5ForConditionalGeneration(config), buckets, pack).to(device)
     reader.set_activation_checkpointing(checkpointing)
     collator = ReaderCollator(tokenizer, n_passages, 250, pad_to_max_length=pad_to_max)
     examples = _examples(n_passages)
-    batch = collator(examples, [examples[0].answers[0]])
+    batch = collator(examples, [examples[0].answers[0]]).to(device)
     optimizer = torch.optim.AdamW(reader.parameters(), lr=1e-4)
-    amp = autocast(torch.device("cpu"), precision)
+    amp = autocast(device, precision)
+    cuda = device.type == "cuda"
 
     def train_step():
         with amp:
@@ -102,15 +105,26 @@ def worker(setting: str, n_passages: int, steps: int) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
     reader.train()
     train_step()  # warm-up: allocator, optimizer state
-    baseline = _rss_kb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")
+    sync()
+    if cuda:  # memory above what the model and optimizer hold between steps
+        baseline = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        baseline = _rss_kb("VmRSS") * 1024
+        Path("/proc/self/clear_refs").write_text("5")
     started = time.perf_counter()
     for _ in range(steps):
         train_step()
+    sync()
     step_s = (time.perf_counter() - started) / steps
-    peak_mb = (_rss_kb("VmHWM") - baseline) / 1024
+    peak = torch.cuda.max_memory_allocated() if cuda else _rss_kb("VmHWM") * 1024
+    peak_mb = (peak - baseline) / 2**20
 
     reader.eval()
     with torch.no_grad(), amp:
@@ -118,11 +132,13 @@ def worker(setting: str, n_passages: int, steps: int) -> dict:
         started = time.perf_counter()
         for _ in range(steps):
             reader.generate(batch.input_ids, batch.attention_mask, 20)
+        sync()
         generate_qps = steps / (time.perf_counter() - started)
         reader.passage_scores(batch.input_ids, batch.attention_mask)
         started = time.perf_counter()
         for _ in range(steps):
             reader.passage_scores(batch.input_ids, batch.attention_mask)
+        sync()
         score_qps = steps / (time.perf_counter() - started)
     real = int(batch.attention_mask.sum())
     return {
@@ -144,9 +160,10 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
     parser.add_argument("--worker", nargs=2, metavar=("SETTING", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.steps)))
+        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.steps, args.device)))
         return
 
     rows = []
@@ -155,7 +172,8 @@ def main() -> None:
     for n in args.n:
         for setting in args.settings:
             out = subprocess.run(
-                [sys.executable, __file__, "--worker", setting, str(n), "--steps", str(args.steps)],
+                [sys.executable, __file__, "--worker", setting, str(n), "--steps", str(args.steps),
+                 "--device", args.device],
                 capture_output=True, text=True, check=True, cwd=ROOT,
             )  # fmt: skip
             row = json.loads(out.stdout.strip().splitlines()[-1])
