@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -228,6 +229,51 @@ def cmd_make_demo_data(args) -> None:
     write_demo_data(cfg, args.output)
 
 
+def cmd_download(args) -> None:
+    from fid.config import load_config
+    from fid.download import DownloadConfig, download_file
+    from fid.fileio import atomic_write_json
+
+    cfg = load_config(args.config, DownloadConfig)
+    record = download_file(args.url, args.output, args.checksum, cfg)
+    if args.record is not None:
+        atomic_write_json(args.record, {**record, "expected": args.checksum})
+
+
+def cmd_extract(args) -> None:
+    from fid.download import extract_file
+
+    extract_file(args.archive, args.output, args.member)
+
+
+def cmd_prepare_questions(args) -> None:
+    from fid.config import load_config
+    from fid.prepare import PrepareQuestionsConfig, prepare_questions
+
+    cfg = load_config(args.config, PrepareQuestionsConfig)
+    prepare_questions(args.input, args.output, cfg, args.index)
+
+
+def cmd_eval_baseline(args) -> None:
+    from collections import Counter
+
+    from fid.evaluation import answer_metrics
+    from fid.fileio import atomic_write_json
+    from fid.questions import load_questions
+
+    # The answer given most often in training (its first gold answer), for every question.
+    counts = Counter(q["answers"][0] for q in load_questions(args.train) if q["answers"])
+    if not counts:
+        raise ValueError(f"{args.train}: no training question has an answer")
+    answer, count = counts.most_common(1)[0]
+    questions = load_questions(args.questions)
+    metrics = answer_metrics([answer] * len(questions), [q["answers"] for q in questions])
+    metrics.update(answer=answer, train_count=count, n_questions=len(questions))
+    atomic_write_json(args.output, metrics)
+    logger.info("most common training answer %r: exact match %.2f on %s",
+                answer, metrics["exact_match"] or 0.0, args.questions)  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fid", description="Fusion-in-Decoder QA and reader-to-retriever distillation."
@@ -319,6 +365,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = add("make-demo-data", cmd_make_demo_data, "Write the synthetic demo world.")
     c.add_argument("--output", type=Path, required=True, help="folder to write")
+
+    c = add("download", cmd_download, "Download a file: resumable, checksum-verified, atomic.")
+    c.add_argument("--url", required=True, help="http(s) or file URL")
+    c.add_argument("--checksum", help="sha256:<hex> or md5:<hex> (none: record only)")
+    c.add_argument("--output", type=Path, required=True, help="file to write")
+    c.add_argument("--record", type=Path, help="json to write with the size and digests")
+
+    c = add("extract", cmd_extract, "Extract one member of a tar(.gz), or a .gz file.")
+    c.add_argument("--archive", type=Path, required=True, help="tar, tar.gz or .gz file")
+    c.add_argument("--member", help="member path (or unique file name) in a tar archive")
+    c.add_argument("--output", type=Path, required=True, help="file to write")
+
+    c = add("prepare-questions", cmd_prepare_questions, "Raw questions into one split (jsonl).")
+    c.add_argument("--input", type=Path, required=True, help="NQ-open/TriviaQA/DPR qas/FiD file")
+    c.add_argument("--index", type=Path, help="json list of the record positions to keep")
+    c.add_argument("--output", type=Path, required=True, help="question jsonl to write")
+
+    c = add("eval-baseline", cmd_eval_baseline, "Exact match of the most common training answer.")
+    c.add_argument("--train", type=Path, required=True, help="training questions")
+    c.add_argument("--questions", type=Path, required=True, help="questions to score")
+    c.add_argument("--output", type=Path, required=True, help="metrics json to write")
     return parser
 
 
@@ -347,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except Preempted as stop:
         logger.warning("%s: rerun the same command to resume", stop)
+        # The checkpoint is written: a SIGTERM from now on (SLURM sends one to the job's tasks
+        # on requeue) must not turn the clean exit into a kill.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _requeue_if_asked()
         return EXIT_PREEMPTED
     except (ConfigError, DataError, FileNotFoundError) as error:

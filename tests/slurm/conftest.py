@@ -118,10 +118,13 @@ def slurm() -> Iterator[Slurm]:
     try:
         result = _harness("up", STARTUP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        if not already_up:
+            _harness("down", 60)
         _unavailable(f"`harness.sh up` did not finish within {STARTUP_TIMEOUT_S} s")
     startup_s = time.perf_counter() - started
     if result.returncode != 0:
-        _harness("down", 60)
+        if not already_up:
+            _harness("down", 60)  # whatever part of it did start
         _unavailable(f"`harness.sh up` failed:\n{result.stderr[-2000:]}")
     conf = Path(_harness("env", 30).stdout.strip().split("=", 1)[1])
     print(f"\n[slurm] cluster up in {startup_s:.1f} s ({'reused' if already_up else 'started'})")

@@ -111,7 +111,7 @@ ReturnToService=2
 MinJobAge=600
 KillWait=10
 InactiveLimit=0
-$([ "$NGPU" -gt 0 ] && echo GresTypes=gpu)
+$([ "$NGPU" -gt 0 ] && echo GresTypes=gpu || true)
 ${nodes}PartitionName=debug Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP
 EOF
   # The emulated nodes' names must resolve: the first one is the ranks' rendezvous.
@@ -174,27 +174,30 @@ up() {
   die "the nodes did not become idle within 60 s"
 }
 
-stop() {
-  local pidfile=$1 pid
-  [ -f "$pidfile" ] || return 0
-  pid=$(cat "$pidfile")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid"
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-  fi
-  rm -f "$pidfile"
+stop() {  # PIDFILE...: SIGTERM to all at once, then wait up to 10 s, then SIGKILL
+  local f pid pids=()
+  for f in "$@"; do
+    pid=$(cat "$f" 2>/dev/null) || continue  # a daemon removes its own file as it stops
+    rm -f "$f"
+    kill "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  for _ in $(seq 100); do
+    [ "${#pids[@]}" -eq 0 ] && return 0
+    local left=()
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
+    pids=("${left[@]+"${left[@]}"}")
+    sleep 0.1
+  done
+  kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
 down() {
-  local f
   if alive "$ROOT/slurmctld.pid"; then
     scancel --quiet --full --signal=KILL --partition=debug 2>/dev/null || true
     # Give the nodes a moment to kill the job steps before their slurmd goes.
     for _ in $(seq 20); do [ -z "$(squeue -h -t running,completing 2>/dev/null)" ] && break; sleep 0.5; done
   fi
-  for f in "$ROOT"/slurmd-*.pid; do [ -e "$f" ] && stop "$f"; done
-  stop "$ROOT/slurmctld.pid"
+  stop "$ROOT"/slurmd-*.pid "$ROOT/slurmctld.pid"
   stop "$ROOT/munged.pid"
   if grep -q "$HOSTS_TAG" /etc/hosts 2>/dev/null; then
     # Rewrite in place: /etc/hosts is often a bind mount that cannot be renamed over.

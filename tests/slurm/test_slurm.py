@@ -261,11 +261,15 @@ exit $status
     restart_s = time.time() - restarted
     info = slurm.wait_ended(job, JOB_TIMEOUT_S, log)
     total_s = time.perf_counter() - started
+    job_log = log.read_text()
+    # How srun saw the first run end ("Exited with exit code 75", or "Terminated" when the
+    # requeue's SIGTERM arrived first).
+    first_end = next((line for line in job_log.splitlines() if "task 0:" in line), "-")
     print(f"\n[slurm] {how}: requeued (PENDING) {requeued_s:.1f} s after the signal; "
           f"SLURM holds it until {hold_s:.0f} s after the signal; running again {restart_s:.1f} s "
-          f"after `scontrol update StartTime=now`; whole job {total_s:.1f} s")  # fmt: skip
+          f"after `scontrol update StartTime=now`; whole job {total_s:.1f} s; first run: "
+          f"{first_end}")  # fmt: skip
 
-    job_log = log.read_text()
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), (
         f"{info}\n{job_log[-3000:]}"
     )
