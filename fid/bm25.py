@@ -39,8 +39,8 @@ from bm25s.tokenization import Tokenizer
 from fid.config import ConfigError
 from fid.data import DataError
 from fid.fileio import atomic_directory, atomic_write_json
-from fid.has_answer import AnswerMatcher, tokenize
 from fid.passages import Passage, check_unique_ids, iter_passages
+from fid.ranking import retrieval_records
 
 logger = logging.getLogger(__name__)
 
@@ -296,27 +296,6 @@ def _fetch_passages(passages_path: Path, ids: np.ndarray, needed: set[int]) -> d
     return found
 
 
-def _has_answer_flags(
-    questions: list[dict], rows: list[np.ndarray], passages: dict[int, Passage]
-) -> list[list[bool]]:
-    """DPR's has-answer flag of every retrieved passage, tokenizing each passage only once.
-
-    Popular passages come back for many questions, so the work is grouped by passage.
-    """
-    matchers = [AnswerMatcher(q["answers"]) if q.get("answers") else None for q in questions]
-    flags = [[False] * len(question_rows) for question_rows in rows]
-    readers: dict[int, list[tuple[int, int]]] = {}  # row -> (question, rank) that retrieved it
-    for q, question_rows in enumerate(rows):
-        if matchers[q] is not None:
-            for rank, row in enumerate(question_rows.tolist()):
-                readers.setdefault(row, []).append((q, rank))
-    for row, refs in readers.items():
-        tokens = tokenize(passages[row].text)
-        for q, rank in refs:
-            flags[q][rank] = matchers[q].matches_tokens(tokens)
-    return flags
-
-
 def retrieve_bm25(
     index_dir: str | Path,
     passages_path: str | Path,
@@ -369,31 +348,9 @@ def retrieve_bm25(
     searched = time.perf_counter()
 
     passages = _fetch_passages(passages_path, ids, {int(r) for rs in rows for r in rs})
-    has_answer = _has_answer_flags(questions, rows, passages)
-    records = []
-    for question, question_rows, question_scores, flags in zip(
-        questions, rows, scores, has_answer, strict=True
-    ):
-        ctxs = [
-            {
-                "id": passages[row].id,
-                "title": passages[row].title,
-                "text": passages[row].text,
-                "score": float(score),
-                "has_answer": flag,
-            }
-            for row, score, flag in zip(
-                question_rows.tolist(), question_scores.tolist(), flags, strict=True
-            )
-        ]
-        records.append(
-            {
-                "id": str(question["id"]),
-                "question": question["question"],
-                "answers": list(question.get("answers") or []),
-                "ctxs": ctxs,
-            }
-        )
+    records = retrieval_records(
+        questions, [r.tolist() for r in rows], [s.tolist() for s in scores], passages
+    )
     logger.info(
         "BM25: %d questions x top %d in %.1f s (search %.1f s, fetching passages and has-answer "
         "%.1f s)",

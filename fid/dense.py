@@ -19,9 +19,9 @@ from tqdm import tqdm
 
 from fid import distributed
 from fid.config import EmbedPassagesConfig, RetrieveConfig
-from fid.has_answer import AnswerMatcher
 from fid.index import PassageIndex
 from fid.passages import Passage, fetch_passages
+from fid.ranking import retrieval_records
 from fid.retriever import DualEncoder, RetrieverTokenizer
 from fid.training.loop import autocast
 
@@ -113,38 +113,6 @@ def encode_questions(
             out[start : start + len(vectors)] = vectors.float().cpu().numpy()
     rows = distributed.gather_in_order(len(questions), list(out))
     return np.stack(rows) if rows else np.empty((0, model.dim), dtype=np.float32)
-
-
-def retrieval_records(
-    questions: Sequence[dict],
-    ranked_ids: Sequence[Sequence[str]],
-    scores: np.ndarray | Sequence[Sequence[float]],
-    passages: dict[str, Passage],
-    has_answer_mode: str,
-) -> list[dict]:
-    """FiD records: each question with its ranked ctxs {id, title, text, score, has_answer}.
-
-    `has_answer` follows DPR's rule (False for questions without answers).
-    """
-    records = []
-    for question, ids, row in zip(questions, ranked_ids, scores, strict=True):
-        matcher = (
-            AnswerMatcher(question["answers"], has_answer_mode) if question["answers"] else None
-        )
-        ctxs = []
-        for passage_id, score in zip(ids, row, strict=False):
-            passage = passages[passage_id]
-            ctxs.append(
-                {
-                    "id": passage.id,
-                    "title": passage.title,
-                    "text": passage.text,
-                    "score": float(score),
-                    "has_answer": bool(matcher and matcher.matches(passage.text)),
-                }
-            )
-        records.append({**question, "ctxs": ctxs})
-    return records
 
 
 def retrieve(

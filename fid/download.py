@@ -63,12 +63,18 @@ class DownloadConfig:
             raise ConfigError(f"timeout_s = {self.timeout_s!r} is out of range: expected > 0")
         for name in ("retries",):
             if getattr(self, name) < 0:
-                raise ConfigError(f"{name} = {getattr(self, name)!r} is out of range: expected >= 0")
+                raise ConfigError(
+                    f"{name} = {getattr(self, name)!r} is out of range: expected >= 0"
+                )
         if self.retry_wait_s < 0:
-            raise ConfigError(f"retry_wait_s = {self.retry_wait_s!r} is out of range: expected >= 0")
+            raise ConfigError(
+                f"retry_wait_s = {self.retry_wait_s!r} is out of range: expected >= 0"
+            )
         for name in ("chunk_bytes", "log_every_bytes"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} = {getattr(self, name)!r} is out of range: expected >= 1")
+                raise ConfigError(
+                    f"{name} = {getattr(self, name)!r} is out of range: expected >= 1"
+                )
 
 
 def parse_checksum(checksum: str | None) -> tuple[str, str] | None:

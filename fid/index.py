@@ -477,7 +477,15 @@ class PassageIndex:
             raise ValueError(f"k = {k} is out of range: expected >= 1")
         k = min(k, self.count)
         self._apply_search_params()
-        scores, rows = self.index.search(np.ascontiguousarray(queries, np.float32), k)
+        # Exhaustive search uses faiss's BLAS kernel only for large query batches (faiss 1.15:
+        # queries x D >= 128000); below that it is ~10x slower here (200 questions against
+        # 100k passages: 1.9 s vs 0.18 s), so the BLAS path is forced for the call.
+        previous = faiss.cvar.distance_compute_blas_threshold
+        faiss.cvar.distance_compute_blas_threshold = 0
+        try:
+            scores, rows = self.index.search(np.ascontiguousarray(queries, np.float32), k)
+        finally:
+            faiss.cvar.distance_compute_blas_threshold = previous
         # (Q, K) each
         if self.cfg.metric == "l2":
             scores = -scores

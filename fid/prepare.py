@@ -100,7 +100,9 @@ def prepare_questions(
     input_path = Path(input_path)
     questions = load_questions(input_path)
     if index_path is not None:
-        questions = [questions[p] for p in _load_index(Path(index_path), len(questions), input_path)]
+        questions = [
+            questions[p] for p in _load_index(Path(index_path), len(questions), input_path)
+        ]
     if cfg.shuffle_seed is not None:
         random.Random(cfg.shuffle_seed).shuffle(questions)
     n = len(questions)

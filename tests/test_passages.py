@@ -142,3 +142,16 @@ def test_missing_file(tmp_path):
     ):
         with pytest.raises(DataError, match="nope.tsv: passage file not found"):
             call()
+
+
+def test_fetch_passages_reads_only_the_wanted_rows(tmp_path):
+    from fid.passages import fetch_passages
+
+    path = tmp_path / "p.tsv"
+    path.write_text(
+        'id\ttext\ttitle\n1\t"a text, with ""quotes"""\tT1\n"2"\tsecond\tT2\n3\tthird\tT3\n'
+    )
+    found = fetch_passages(path, {"2", "1"})
+    assert found["1"].text == 'a text, with "quotes"' and found["2"].title == "T2"
+    with pytest.raises(DataError, match="holds no passage with id '9'"):
+        fetch_passages(path, {"3", "9"})
