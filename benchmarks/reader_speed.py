@@ -90,6 +90,8 @@ def worker(setting: str, n_passages: int, steps: int, device_name: str = "cpu") 
     )  # fmt: skip
     device = torch.device(device_name)
     reader = FiDReader(T5ForConditionalGeneration(config), buckets, pack).to(device)
+    # The original ran transformers 3's eager attention; ours picks the faster kernel ("auto").
+    reader.set_attention("eager" if setting.startswith("original") else "auto", device)
     reader.set_activation_checkpointing(checkpointing)
     collator = ReaderCollator(tokenizer, n_passages, 250, pad_to_max_length=pad_to_max)
     examples = _examples(n_passages)

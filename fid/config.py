@@ -51,6 +51,8 @@ class ReaderInputConfig:
         pad_to_max_length: pad every passage to `passage_max_tokens` (the original's
             behaviour; only useful for comparisons).
         precision: "fp32", "bf16" (autocast) or "fp16" (autocast + loss scaling; GPU only).
+        attention: T5's attention kernel: "auto" is "eager" on CPU (measured faster there than
+            "sdpa": 0.84 vs 1.14 s per step at 100 passages, bf16) and "sdpa" on GPU.
     """
 
     n_passages: int = 100
@@ -59,6 +61,7 @@ class ReaderInputConfig:
     pack_passages: bool = True
     pad_to_max_length: bool = False
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    attention: Literal["auto", "eager", "sdpa"] = "auto"
 
     def __post_init__(self):
         _check_range("n_passages", self.n_passages, low=1)

@@ -124,6 +124,7 @@ def _reader_and_collator(cfg, model_path: Path, device: torch.device):
 
     reader, tokenizer = load_reader(str(model_path), cfg.encoder_buckets, cfg.pack_passages)
     reader.to(device).eval()
+    reader.set_attention(cfg.attention, device)
     collator = ReaderCollator(
         tokenizer, cfg.n_passages, cfg.passage_max_tokens, pad_to_max_length=cfg.pad_to_max_length
     )

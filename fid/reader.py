@@ -87,6 +87,15 @@ class FiDReader(nn.Module):
     def config(self):
         return self.t5.config
 
+    def set_attention(self, kind: str, device: torch.device) -> None:
+        """T5's attention kernel; "auto": eager on CPU (faster there), sdpa on GPU.
+
+        Passage scoring does not depend on it (it reads the q and k projections itself).
+        """
+        if kind == "auto":
+            kind = "sdpa" if device.type == "cuda" else "eager"
+        self.t5.set_attn_implementation(kind)
+
     def set_activation_checkpointing(self, enabled: bool) -> None:
         """Recompute block activations in backward; Hugging Face applies it only in training."""
         if enabled:

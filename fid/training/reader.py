@@ -126,6 +126,7 @@ def train_reader(
     logger.info("%d training and %d dev questions", len(train), len(dev))
     reader, tokenizer = load_reader(init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout)
     reader.to(device)
+    reader.set_attention(cfg.attention, device)
     reader.set_activation_checkpointing(cfg.activation_checkpointing)
     task = ReaderTask(reader, tokenizer, cfg, train, dev, device)
     return train_and_export(task, cfg, state_dir, output_dir, device, cfg.precision)
