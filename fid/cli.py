@@ -274,6 +274,14 @@ def cmd_eval_baseline(args) -> None:
                 answer, metrics["exact_match"] or 0.0, args.questions)  # fmt: skip
 
 
+def cmd_make_reader_lists(args) -> None:
+    from fid.config import load_config
+    from fid.prepare import ReaderListsConfig, make_reader_lists
+
+    cfg = load_config(args.config, ReaderListsConfig)
+    make_reader_lists(args.retrieved, args.questions, args.passages, args.output, cfg)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fid", description="Fusion-in-Decoder QA and reader-to-retriever distillation."
@@ -386,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--train", type=Path, required=True, help="training questions")
     c.add_argument("--questions", type=Path, required=True, help="questions to score")
     c.add_argument("--output", type=Path, required=True, help="metrics json to write")
+
+    c = add("make-reader-lists", cmd_make_reader_lists, "Retrieved lists with the gold forced in.")
+    c.add_argument("--retrieved", type=Path, required=True, help="FiD-format retrieval output")
+    c.add_argument("--questions", type=Path, required=True, help="jsonl with gold_passage_id")
+    c.add_argument("--passages", type=Path, required=True, help="the passage TSV")
+    c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
     return parser
 
 

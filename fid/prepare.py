@@ -119,3 +119,91 @@ def prepare_questions(
     atomic_write_jsonl(output_path, questions)
     logger.info("wrote %d of %d questions of %s to %s", len(questions), n, input_path, output_path)
     return len(questions)
+
+
+@dataclass(frozen=True)
+class ReaderListsConfig:
+    """`fid make-reader-lists`: retrieved lists with the gold passage forced in.
+
+    For the demo's curriculum only (its questions know their gold passage): a reader trained
+    from scratch learns to tell the gold passage from the retriever's distractors, among them
+    passages of other entities, which it must also reject when it later scores passages for
+    the retriever.
+
+    Attributes:
+        n_passages: passages per question: the gold one and the best retrieved others.
+        shuffle: shuffle each list (seeded per question), so a position tells nothing; the
+            retrieval scores are dropped so the reader keeps this order.
+        seed: seed of the shuffle.
+    """
+
+    n_passages: int = 5
+    shuffle: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n_passages < 1:
+            raise ConfigError(f"n_passages = {self.n_passages!r} is out of range: expected >= 1")
+
+
+def make_reader_lists(
+    retrieved_path: str | Path,
+    questions_path: str | Path,
+    passages_path: str | Path,
+    output_path: str | Path,
+    cfg: ReaderListsConfig,
+) -> int:
+    """Writes FiD-format lists: each question's top retrieved passages with its gold one in.
+
+    Args:
+        retrieved_path: FiD-format retrieval output (json list with ctxs).
+        questions_path: jsonl questions with "id" and "gold_passage_id" (the demo world's).
+        passages_path: the passage TSV (for gold passages the retriever missed).
+        output_path: json list to write (atomically).
+        cfg: list size, shuffling.
+
+    Returns:
+        The number of lists in which the gold passage had to be added.
+
+    Raises:
+        DataError: a question without a gold passage id, or one the passage file lacks.
+    """
+    from fid.fileio import atomic_write_json
+    from fid.passages import fetch_passages
+
+    records = json.loads(Path(retrieved_path).read_text(encoding="utf-8"))
+    gold = {}
+    for line_number, line in enumerate(Path(questions_path).read_text().splitlines(), 1):
+        if line.strip():
+            question = json.loads(line)
+            if not question.get("gold_passage_id"):
+                raise DataError(
+                    f"{questions_path}: line {line_number}: no 'gold_passage_id'. Hint: gold "
+                    "lists need questions that name their gold passage (the demo world's)."
+                )
+            gold[str(question["id"])] = str(question["gold_passage_id"])
+    missing = [r["id"] for r in records if r["id"] not in gold]
+    if missing:
+        raise DataError(f"{questions_path}: no question {missing[0]!r} of {retrieved_path}")
+    known = {c["id"]: (c["title"], c["text"]) for r in records for c in r["ctxs"]}
+    absent = {gold[r["id"]] for r in records} - known.keys()
+    known |= {p.id: (p.title, p.text) for p in fetch_passages(passages_path, absent).values()}
+    added, out = 0, []
+    for record in records:
+        gold_id = gold[record["id"]]
+        ctxs = [dict(c) for c in record["ctxs"]]
+        gold_ctx = next((c for c in ctxs if c["id"] == gold_id), None)
+        if gold_ctx is None:
+            added += 1
+            title, text = known[gold_id]
+            gold_ctx = {"id": gold_id, "title": title, "text": text}
+        chosen = [c for c in ctxs if c["id"] != gold_id][: cfg.n_passages - 1] + [gold_ctx]
+        if cfg.shuffle:
+            random.Random(f"{cfg.seed}:{record['id']}").shuffle(chosen)
+            for ctx in chosen:
+                ctx.pop("score", None)
+        out.append({**record, "gold_passage_id": gold_id, "ctxs": chosen})
+    atomic_write_json(output_path, out)
+    logger.info("wrote %d lists of %d passages to %s (gold passage added to %d)",
+                len(out), cfg.n_passages, output_path, added)  # fmt: skip
+    return added

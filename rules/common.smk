@@ -1,0 +1,248 @@
+"""Configuration: validated once at DAG time, then turned into paths, resources and launchers.
+
+REQUIRED INPUTS: the config (config/config.yaml or --configfile), config/config.schema.yaml.
+OUTPUTS: none (no rules here): STAGES, path functions, per-rule resources and launchers, and
+the input functions of the training rules, for rules/*.smk.
+"""
+
+import re
+import shlex
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from fid.bm25 import BM25Config
+from fid.config import ConfigError, config_from_dict
+from fid.config import EmbedPassagesConfig, EvalReaderConfig, EvalRetrievalConfig
+from fid.config import InitReaderConfig, InitRetrieverConfig, ReaderTrainConfig
+from fid.config import RetrieveConfig, RetrieverTrainConfig, ScorePassagesConfig
+from fid.demo_data import DemoDataConfig
+from fid.download import DownloadConfig
+from fid.index import IndexConfig
+from fid.prepare import PrepareQuestionsConfig, ReaderListsConfig
+
+validate(config, schema="../config/config.schema.yaml")
+
+RUN, DATASET, K, SHARDS = (config[k] for k in ("run", "dataset", "rounds", "shards"))
+DATA, MODELS, CURRICULUM = (
+    config["data"],
+    config["models"],
+    config["data"].get("curriculum"),
+)
+DEMO, CURRICULUM = DATA["source"] == "demo", CURRICULUM or {}
+PRETRAINED, COMPARE = config.get("pretrained") or {}, config.get("compare") or []
+FIRST, EVAL_SPLITS = config["first_retrieval"], config["eval_splits"]
+DENSE = list(PRETRAINED) + [f"iter{i}" for i in range(K)]  # sources that embed
+SOURCES = list(dict.fromkeys([FIRST, *(f"iter{i}" for i in range(K)), *COMPARE]))
+GLUE = shlex.quote(str(Path(workflow.basedir) / "workflow_scripts"))  # shell glue
+DOWNLOADS, EXTRACTS = DATA.get("downloads") or {}, DATA.get("extract") or {}
+
+
+def fail(key, problem, hint):
+    raise WorkflowError(f"config key '{key}': {problem}. Hint: {hint}")
+
+
+def section(name, later=False):
+    """A stage section; for rounds >= 1 with `later_rounds.{name}` merged over it."""
+    over = (config.get("later_rounds") or {}).get(name) if later else None
+    return {**(config.get(name) or {}), **(over or {})}
+
+
+# Stage sections: file stem -> (dataclass of the fid subcommand, knobs).
+STAGES = {
+    "bm25": (BM25Config, section("bm25")),
+    "init_reader": (InitReaderConfig, section("init_reader")),
+    "init_retriever": (InitRetrieverConfig, section("init_retriever")),
+    "reader_warmup": (ReaderTrainConfig, section("reader_warmup")),
+    "reader_lists": (ReaderListsConfig, section("reader_lists")),
+    "reader": (ReaderTrainConfig, section("reader")),
+    "reader_later": (ReaderTrainConfig, section("reader", later=True)),
+    "score_passages": (ScorePassagesConfig, section("score_passages")),
+    "retriever": (RetrieverTrainConfig, section("retriever")),
+    "retriever_later": (RetrieverTrainConfig, section("retriever", later=True)),
+    "embed_passages": (EmbedPassagesConfig, section("embed_passages")),
+    "build_index": (IndexConfig, section("build_index")),
+    "retrieve": (RetrieveConfig, section("retrieve")),
+    "eval_reader": (EvalReaderConfig, section("eval_reader")),
+    "eval_retrieval": (EvalRetrievalConfig, section("eval_retrieval")),
+    "download": (DownloadConfig, section("download")),
+    "demo_data": (DemoDataConfig, section("demo_data")),
+    "demo_gold": (DemoDataConfig, {**section("demo_data"), "n_passages": 1}),
+}
+for split, spec in (DATA.get("questions") or {}).items():
+    STAGES[f"prepare_{split}"] = (PrepareQuestionsConfig, spec.get("prepare") or {})
+for stage, (cls, knobs) in STAGES.items():
+    try:
+        config_from_dict(knobs, cls, source=f"config section '{stage}'")
+    except ConfigError as error:
+        raise WorkflowError(f"{error}. Hint: see {cls.__name__}.") from None
+
+# Cross-key checks the schema cannot express; then every data file must exist or be made.
+if FIRST != "bm25" and FIRST not in PRETRAINED:
+    fail("first_retrieval", f"{FIRST!r} is not bm25 nor under pretrained", "add it")
+for name in set(COMPARE) - {"bm25"} - set(PRETRAINED):
+    fail("compare", f"{name!r} is not under pretrained", "add it there, or drop it")
+if CURRICULUM and not DEMO:
+    fail("data.curriculum", "only the demo world has gold lists", "remove it")
+for name, spec in EXTRACTS.items():
+    if spec["archive"] not in DOWNLOADS:
+        fail(f"data.extract.{name}.archive", "is no download", "name one")
+MADE = {f"resources/{DATASET}/downloads/{n}" for n in DOWNLOADS}
+MADE |= {f"resources/{DATASET}/extracted/{n}" for n in EXTRACTS}
+GIVEN = {"data.passages": DATA.get("passages")}
+for split, spec in (DATA.get("questions") or {}).items():
+    GIVEN |= {f"data.questions.{split}.{k}": spec.get(k) for k in ("input", "index")}
+for key, path in GIVEN.items():
+    if not DEMO and path and path not in MADE and not Path(path).is_file():
+        fail(key, f"the data file {path} does not exist", "fix the path or download it")
+
+
+wildcard_constraints:
+    run=re.escape(RUN),
+    dataset=re.escape(DATASET),
+    i=r"\d+",
+    k=r"\d+",
+    split="train|dev|test",
+    stage="|".join(STAGES),
+    source="|".join(map(re.escape, ["bm25", *DENSE])),
+
+
+localrules:
+    stage_config,
+    pretrained_encoder,
+    report_tables,
+    report_plots,
+    report_config,
+
+
+# ---------------------------------------------------------------- paths
+def res_path(*parts):
+    return Path("results", RUN, *map(str, parts)).as_posix()
+
+
+def passages():
+    return res_path("data/demo/world/passages.tsv") if DEMO else DATA["passages"]
+
+
+def questions(split):
+    return res_path(f"data/demo/world/{split}.jsonl" if DEMO else f"data/{split}.jsonl")
+
+
+def stage_file(stage):
+    return res_path(f"config/{stage}.yaml")
+
+
+def round_source(i):
+    """The retriever whose lists round i reads: the first retrieval, then the last round's."""
+    return FIRST if int(i) == 0 else f"iter{int(i) - 1}"
+
+
+def retrieval(source, split):
+    return res_path(f"{source}/retrieval/{split}.json")
+
+
+def named(path_or_name):
+    """(flag value, input paths): a folder is an input, a hub name is not."""
+    return path_or_name, [p for p in [path_or_name] if Path(p).exists()]
+
+
+def model_spec(kind):
+    """The reader or retriever every chain starts from: built here (init), or named."""
+    made = res_path(f"init/{kind}")
+    return (made, [made]) if MODELS[kind] == "init" else named(MODELS[kind])
+
+
+def encoder(source):
+    """(flag value, input paths) of the encoder of a dense source."""
+    if source.startswith("iter"):
+        return res_path(f"{source}/retriever/model"), [
+            res_path(f"{source}/retriever/model")
+        ]
+    if "package" in PRETRAINED[source]:
+        return f"resources/pretrained/{source}", [f"resources/pretrained/{source}"]
+    return named(PRETRAINED[source]["model"])
+
+
+# ---------------------------------------------------------------- resources and launchers
+def _resources(rule):
+    return {**config["resources"]["default"], **config["resources"].get(rule, {})}
+
+
+def res(rule):
+    """Resources of a rule: `resources.default` overridden by the rule's own entry."""
+    return {
+        k: v for k, v in _resources(rule).items() if k not in ("threads", "processes")
+    }
+
+
+def threads(rule):
+    r = _resources(rule)
+    return r["cpus_per_task"] if "mpi" in r else r.get("threads", 1)
+
+
+def fid(rule):
+    """The command line that starts `fid` for a rule: one srun task per GPU across nodes
+    (SLURM, DESIGN.md section 5), local torchrun ranks, or one plain process."""
+    r = _resources(rule)
+    if "mpi" in r:
+        return (
+            "{resources.mpi} --nodes={resources.nodes}"
+            " --ntasks-per-node={resources.tasks_per_node}"
+            " --cpus-per-task={resources.cpus_per_task}"
+            + (" --gpus-per-task=1" if "gres" in r else "")
+            + " --kill-on-bad-exit=1 fid --threads {resources.cpus_per_task}"
+        )
+    if r.get("processes", 1) > 1:
+        per_rank = max(1, r.get("threads", 1) // r["processes"])
+        return (
+            f"torchrun --standalone --nproc-per-node={r['processes']}"
+            f" -m fid --threads {per_rank}"
+        )
+    return "fid --threads {threads}"
+
+
+# ---------------------------------------------------------------- inputs of training jobs
+def init_corpus(wc):
+    """Texts the tiny models' tokenizers learn from: passages and training questions."""
+    if DEMO:
+        return [passages(), res_path("data/demo/world/reader/train.json")]
+    return [passages()] + ([retrieval("bm25", "train")] if FIRST == "bm25" else [])
+
+
+def reader_lists(i, stage, split):
+    """The FiD-format lists a reader of round i trains and is validated on."""
+    if stage == "reader_warmup":
+        return res_path(f"data/demo/gold/reader/{split}.json")
+    if i == 0 and CURRICULUM.get("round0_lists") == "demo":
+        return res_path(f"data/demo/world/reader/{split}.json")
+    if i == 0 and CURRICULUM.get("round0_lists") == "gold_forced":
+        return res_path(f"iter0/reader_lists/{split}.json")
+    return retrieval(round_source(i), split)
+
+
+def start(kind, i, stage=None):
+    """(flag value, input paths) of the model a reader / retriever of round i starts from."""
+    if stage == "reader_warmup":
+        return model_spec("reader")
+    if kind == "reader" and i == 0 and CURRICULUM.get("warmup"):
+        previous = res_path("iter0/reader_warmup/model")
+    elif i > 0 and MODELS.get("continue"):
+        previous = res_path(f"iter{i - 1}/{kind}/model")
+    else:
+        return model_spec(kind)
+    return previous, [previous]
+
+
+def training_inputs(wc):
+    """Lists (reader) or reader scores (retriever), stage config and start model of a job."""
+    i, stage = int(wc.i), wc.get("stage", "retriever")
+    kind = "retriever" if stage == "retriever" else "reader"
+    if kind == "retriever":
+        data = {
+            s: res_path(f"iter{i}/reader/scores/{s}.json") for s in ("train", "dev")
+        }
+    else:
+        data = {s: reader_lists(i, stage, s) for s in ("train", "dev")}
+    config = stage if stage == "reader_warmup" or i == 0 else f"{stage}_later"
+    return {**data, "config": stage_file(config), "init": start(kind, i, stage)[1]}

@@ -1,0 +1,145 @@
+"""Data: downloads, extraction, question splits, the demo world, pretrained encoders.
+
+REQUIRED INPUTS: for data.source = files, the files named under data (passages, questions,
+indexes), or data.downloads entries (real public URLs with checksums) that produce them;
+for the demo nothing (the world is generated).
+OUTPUTS:
+    resources/{dataset}/downloads/{name} (+ checksums/{name}.json)  rule download
+    resources/{dataset}/extracted/{name}                             rule extract
+    results/{run}/config/{stage}.yaml                                rule stage_config
+    results/{run}/data/{split}.jsonl                                 rule prepare_questions
+    results/{run}/data/demo/{variant}/...   (passages, questions, reader lists) make_demo_data
+    resources/pretrained/{name}/                                     rule pretrained_encoder
+"""
+
+DEMO_FILES = ["passages.tsv"] + [f"{s}.jsonl" for s in ("train", "dev", "test")]
+DEMO_FILES += [f"reader/{s}.json" for s in ("train", "dev", "test")]
+
+
+rule download:
+    input:
+        config=stage_file("download"),
+    output:
+        file="resources/{dataset}/downloads/{name}",
+        record="resources/{dataset}/downloads/checksums/{name}.json",
+    log:
+        "logs/download/{dataset}/{name}.log",
+    wildcard_constraints:
+        name="|".join(map(re.escape, DOWNLOADS)) or "^$",
+    conda:
+        "envs/fid.yaml"
+    threads: threads("download")
+    resources:
+        **res("download"),
+    params:
+        url=lambda wc: DOWNLOADS[wc.name]["url"],
+        checksum=lambda wc: DOWNLOADS[wc.name]["checksum"] or "",
+    shell:
+        "fid download --config {input.config:q} --url {params.url:q}"
+        " --checksum {params.checksum:q} --output {output.file:q} --record {output.record:q}"
+        " > {log:q} 2>&1"
+
+
+rule extract:
+    input:
+        lambda wc: f"resources/{DATASET}/downloads/{EXTRACTS[wc.name]['archive']}",
+    output:
+        "resources/{dataset}/extracted/{name}",
+    log:
+        "logs/extract/{dataset}/{name}.log",
+    wildcard_constraints:
+        name="|".join(map(re.escape, EXTRACTS)) or "^$",
+    conda:
+        "envs/fid.yaml"
+    threads: threads("extract")
+    resources:
+        **res("extract"),
+    params:
+        member=lambda wc: (
+            f"--member {EXTRACTS[wc.name]['member']}"
+            if "member" in EXTRACTS[wc.name]
+            else ""
+        ),
+    shell:
+        "fid extract --archive {input:q} {params.member} --output {output:q} > {log:q} 2>&1"
+
+
+rule prepare_questions:
+    input:
+        unpack(
+            lambda wc: {
+                k: DATA["questions"][wc.split][k]
+                for k in ("input", "index")
+                if k in DATA["questions"][wc.split]
+            }
+        ),
+        config=lambda wc: stage_file(f"prepare_{wc.split}"),
+    output:
+        "results/{run}/data/{split}.jsonl",
+    log:
+        "logs/prepare_questions/{run}/{split}.log",
+    priority: 50
+    conda:
+        "envs/fid.yaml"
+    threads: threads("prepare_questions")
+    resources:
+        **res("prepare_questions"),
+    params:
+        index=lambda wc, input: (
+            f"--index {input.index}" if "index" in input.keys() else ""
+        ),
+    shell:
+        "fid prepare-questions --config {input.config:q} --input {input.input:q} {params.index}"
+        " --output {output:q} > {log:q} 2>&1"
+
+
+rule make_demo_data:
+    input:
+        config=lambda wc: stage_file(
+            "demo_data" if wc.variant == "world" else "demo_gold"
+        ),
+    output:
+        expand("results/{{run}}/data/demo/{{variant}}/{file}", file=DEMO_FILES),
+    log:
+        "logs/make_demo_data/{run}/{variant}.log",
+    wildcard_constraints:
+        variant="world|gold",
+    priority: 50
+    conda:
+        "envs/fid.yaml"
+    threads: threads("make_demo_data")
+    resources:
+        **res("make_demo_data"),
+    params:
+        folder=lambda wc: res_path(f"data/demo/{wc.variant}"),
+    shell:
+        "fid make-demo-data --config {input.config:q} --output {params.folder:q} > {log:q} 2>&1"
+
+
+rule pretrained_encoder:
+    output:
+        directory("resources/pretrained/{name}"),
+    log:
+        "logs/pretrained_encoder/{name}.log",
+    wildcard_constraints:
+        name="|".join(n for n, spec in PRETRAINED.items() if "package" in spec) or "^$",
+    conda:
+        "envs/fid.yaml"
+    params:
+        package=lambda wc: PRETRAINED[wc.name]["package"],
+    shell:
+        f"cp -r $(python {GLUE}/pretrained_path.py {{params.package:q}}) {{output:q}}"
+        " > {log:q} 2>&1"
+
+
+rule stage_config:
+    output:
+        "results/{run}/config/{stage}.yaml",
+    log:
+        "logs/stage_config/{run}/{stage}.log",
+    conda:
+        "envs/fid.yaml"
+    params:
+        section=lambda wc: STAGES[wc.stage][1],
+    script:
+        "../workflow_scripts/write_yaml.py"

@@ -1,0 +1,199 @@
+"""Retrieval: BM25, retriever distillation, sharded passage embedding, index, dense search.
+
+A retrieval "source" is bm25, iter{i} (the retriever distilled in round i) or a pretrained
+encoder's name; each has results/{run}/{source}/retrieval/{split}.json. Round 0 reads the lists
+of `first_retrieval`, round i > 0 those of iter{i-1}.
+
+REQUIRED INPUTS: passages and questions (data.smk), reader scores (reader.smk), stage configs.
+OUTPUTS:
+    results/{run}/init/retriever/                      rule init_retriever (models.retriever: init)
+    results/{run}/bm25/index/                          rule build_bm25
+    results/{run}/bm25/retrieval/{split}.json          rule retrieve_bm25
+    results/{run}/iter{i}/retriever/model/             rule train_retriever
+    results/{run}/{source}/embeddings/shard{k}.npy ... rule embed_passages (scatter)
+    results/{run}/{source}/index/                      rule build_index (gather)
+    results/{run}/{source}/retrieval/{split}.json      rule retrieve_passages
+    state/{run}/iter{i}/retriever/<key>/               resumable training state (not an output)
+"""
+
+
+rule init_retriever:
+    input:
+        corpus=init_corpus,
+        config=stage_file("init_retriever"),
+    output:
+        directory("results/{run}/init/retriever"),
+    log:
+        "logs/init_retriever/{run}.log",
+    priority: 50
+    conda:
+        "envs/fid.yaml"
+    threads: threads("init_retriever")
+    resources:
+        **res("init_retriever"),
+    shell:
+        fid("init_retriever") + " init-retriever --config {input.config:q}"
+        " --corpus {input.corpus:q} --output {output:q} > {log:q} 2>&1"
+
+
+rule build_bm25:
+    input:
+        passages=passages(),
+        config=stage_file("bm25"),
+    output:
+        directory("results/{run}/bm25/index"),
+    log:
+        "logs/build_bm25/{run}.log",
+    benchmark:
+        "logs/benchmarks/build_bm25/{run}.tsv"
+    priority: 50
+    conda:
+        "envs/fid.yaml"
+    threads: threads("build_bm25")
+    resources:
+        **res("build_bm25"),
+    shell:
+        "fid --threads {threads} build-bm25 --config {input.config:q} --passages {input.passages:q}"
+        " --output {output:q} > {log:q} 2>&1"
+
+
+rule retrieve_bm25:
+    input:
+        index="results/{run}/bm25/index",
+        passages=passages(),
+        questions=lambda wc: questions(wc.split),
+        config=stage_file("bm25"),
+    output:
+        "results/{run}/bm25/retrieval/{split}.json",
+    log:
+        "logs/retrieve_bm25/{run}/{split}.log",
+    benchmark:
+        "logs/benchmarks/retrieve_bm25/{run}/{split}.tsv"
+    priority: 50
+    conda:
+        "envs/fid.yaml"
+    threads: threads("retrieve_bm25")
+    resources:
+        **res("retrieve_bm25"),
+    shell:
+        "fid --threads {threads} retrieve-bm25 --config {input.config:q} --index {input.index:q}"
+        " --passages {input.passages:q} --questions {input.questions:q}"
+        " --output {output:q} > {log:q} 2>&1"
+
+
+rule train_retriever:
+    input:
+        unpack(training_inputs),
+    output:
+        directory("results/{run}/iter{i}/retriever/model"),
+    log:
+        "logs/train_retriever/{run}/iter{i}.log",
+    benchmark:
+        "logs/benchmarks/train_retriever/{run}/iter{i}.tsv"
+    priority: 50
+    conda:
+        "envs/fid.yaml"
+    threads: threads("train_retriever")
+    resources:
+        **res("train_retriever"),
+    params:
+        init=lambda wc: start("retriever", int(wc.i))[0],
+        state="state/{run}/iter{i}/retriever",
+    shell:
+        f"exec > {{log:q}} 2>&1; state=$(python {GLUE}/state_dir.py {{params.state:q}}"
+        " {input.config:q} {input.train:q} {input.dev:q} {params.init:q}) && "
+        + fid("train_retriever")
+        + " train-retriever --config {input.config:q} --train {input.train:q}"
+        " --dev {input.dev:q} --init-model {params.init:q} --output {output:q}"
+        ' --state-dir "$state"'
+
+
+rule embed_passages:
+    input:
+        encoder=lambda wc: encoder(wc.source)[1],
+        passages=passages(),
+        config=stage_file("embed_passages"),
+    output:
+        multiext(
+            "results/{run}/{source}/embeddings/shard{k}", ".npy", ".ids.npy", ".json"
+        ),
+    log:
+        "logs/embed_passages/{run}/{source}/shard{k}.log",
+    benchmark:
+        "logs/benchmarks/embed_passages/{run}/{source}/shard{k}.tsv"
+    wildcard_constraints:
+        source="|".join(map(re.escape, DENSE)),
+    priority: 40
+    conda:
+        "envs/fid.yaml"
+    threads: threads("embed_passages")
+    resources:
+        **res("embed_passages"),
+    params:
+        model=lambda wc: encoder(wc.source)[0],
+        prefix=lambda wc, output: output[0][: -len(".npy")],
+        shards=SHARDS,
+    shell:
+        fid("embed_passages") + " embed-passages --config {input.config:q}"
+        " --model {params.model:q} --passages {input.passages:q} --shard {wildcards.k}"
+        " --n-shards {params.shards} --output {params.prefix:q} > {log:q} 2>&1"
+
+
+rule build_index:
+    input:
+        shards=expand(
+            "results/{{run}}/{{source}}/embeddings/shard{k}{ext}",
+            k=range(SHARDS),
+            ext=[".npy", ".ids.npy", ".json"],
+        ),
+        config=stage_file("build_index"),
+    output:
+        directory("results/{run}/{source}/index"),
+    log:
+        "logs/build_index/{run}/{source}.log",
+    benchmark:
+        "logs/benchmarks/build_index/{run}/{source}.tsv"
+    wildcard_constraints:
+        source="|".join(map(re.escape, DENSE)),
+    priority: 40
+    conda:
+        "envs/fid.yaml"
+    threads: threads("build_index")
+    resources:
+        **res("build_index"),
+    params:
+        prefixes=lambda wc: [
+            res_path(f"{wc.source}/embeddings/shard{k}") for k in range(SHARDS)
+        ],
+    shell:
+        "fid --threads {threads} build-index --config {input.config:q}"
+        " --shards {params.prefixes:q} --output {output:q} > {log:q} 2>&1"
+
+
+rule retrieve_passages:
+    input:
+        encoder=lambda wc: encoder(wc.source)[1],
+        index="results/{run}/{source}/index",
+        passages=passages(),
+        questions=lambda wc: questions(wc.split),
+        config=stage_file("retrieve"),
+    output:
+        "results/{run}/{source}/retrieval/{split}.json",
+    log:
+        "logs/retrieve_passages/{run}/{source}/{split}.log",
+    benchmark:
+        "logs/benchmarks/retrieve_passages/{run}/{source}/{split}.tsv"
+    wildcard_constraints:
+        source="|".join(map(re.escape, DENSE)),
+    priority: 40
+    conda:
+        "envs/fid.yaml"
+    threads: threads("retrieve_passages")
+    resources:
+        **res("retrieve_passages"),
+    params:
+        model=lambda wc: encoder(wc.source)[0],
+    shell:
+        fid("retrieve_passages") + " retrieve --config {input.config:q}"
+        " --model {params.model:q} --index {input.index:q} --passages {input.passages:q}"
+        " --questions {input.questions:q} --output {output:q} > {log:q} 2>&1"

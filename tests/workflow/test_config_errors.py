@@ -1,0 +1,81 @@
+"""A bad config stops before any job runs, with a message that names the problem."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import yaml
+from workflow_helpers import ROOT, SHARED_DATA, snakemake, write_config
+
+DEMO = ROOT / "config" / "config.yaml"
+
+
+def _fails(tmp_path, config, *expected):
+    result = snakemake(tmp_path, "--configfile", str(config), "--cores", "1", timeout=600)
+    message = result.stdout + result.stderr
+    assert result.returncode != 0, message[-2000:]
+    for text in expected:
+        assert text in message, (text, message[-3000:])
+    # nothing ran: no job output, log or state
+    assert not any((tmp_path / d).exists() for d in ("results", "resources", "state", "logs"))
+    return message
+
+
+def test_unknown_top_level_key(tmp_path):
+    config = write_config(tmp_path / "c.yaml", DEMO, roundz=3)
+    _fails(tmp_path, config, "'roundz' was unexpected")
+
+
+def test_unknown_nested_workflow_key(tmp_path):
+    data = yaml.safe_load(DEMO.read_text())["data"]
+    config = write_config(tmp_path / "c.yaml", DEMO, data={**data, "sorce": "demo"})
+    _fails(tmp_path, config, "'sorce' was unexpected")
+
+
+def test_unknown_stage_knob(tmp_path):
+    reader = yaml.safe_load(DEMO.read_text())["reader"]
+    config = write_config(tmp_path / "c.yaml", DEMO, reader={**reader, "learning_rate": 0.1})
+    _fails(tmp_path, config, "config section 'reader'", "unknown key 'learning_rate'")
+
+
+def test_wrong_types(tmp_path):
+    config = write_config(tmp_path / "c.yaml", DEMO, rounds="two")
+    _fails(tmp_path, config, "'two' is not of type 'integer'")
+    retriever = yaml.safe_load(DEMO.read_text())["retriever"]
+    config = write_config(tmp_path / "c.yaml", DEMO, retriever={**retriever, "lr": "fast"})
+    _fails(tmp_path, config, "config section 'retriever'", "lr = 'fast' has the wrong type")
+
+
+def test_zero_rounds(tmp_path):
+    config = write_config(tmp_path / "c.yaml", DEMO, rounds=0)
+    _fails(tmp_path, config, "0 is less than the minimum of 1")
+
+
+def test_out_of_range_knob(tmp_path):
+    config = write_config(tmp_path / "c.yaml", DEMO, embed_passages={"batch_size": 0})
+    _fails(tmp_path, config, "batch_size = 0 is out of range")
+
+
+def test_download_without_checksum_needs_a_reason(tmp_path):
+    nq = yaml.safe_load((ROOT / "config" / "nq.yaml").read_text())
+    del nq["data"]["downloads"]["dataindex.tar.gz"]["no_checksum_because"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(nq))
+    _fails(tmp_path, tmp_path / "c.yaml", "'no_checksum_because' is a required property")
+
+
+def test_missing_data_file(tmp_path):
+    if not (SHARED_DATA / "squad-open-tiny").is_dir():
+        pytest.skip("../shared/data is not beside the checkout")
+    own = yaml.safe_load((ROOT / "config" / "own_data.yaml").read_text())
+    (tmp_path / "data" / "own").mkdir(parents=True)
+    shutil.copy(SHARED_DATA / "squad-open-tiny" / "psgs_w100.tsv", tmp_path / "data" / "own")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(own))
+    result = snakemake(tmp_path, "--configfile", str(config), "--cores", "1")
+    message = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert re.search(r"config key 'data\.questions\.(train|dev|test)\.input'", message)
+    assert "data/own/questions.jsonl does not exist" in message
+    assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()

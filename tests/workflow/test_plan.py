@@ -1,0 +1,160 @@
+"""`snakemake -n` plans every shipped config completely: jobs per rule (shards x rounds,
+splits), resources and launch lines per rule as configured; `--lint` and snakefmt are clean."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+import yaml
+from workflow_helpers import BIN, ROOT, SHARED_DATA, dry_run, job_counts, planned_jobs, snakemake
+
+
+def expected_counts(cfg: dict) -> dict[str, int]:
+    """Jobs per rule that a fresh plan of `cfg` must hold (the DAG's arithmetic)."""
+    k, shards, splits = cfg["rounds"], cfg["shards"], len(cfg["eval_splits"])
+    compare = [c for c in cfg.get("compare", []) if c != "bm25"]
+    dense = k + len(compare)  # retrievers that embed, index and search the passages
+    counts = {
+        "train_reader": k + bool((cfg["data"].get("curriculum") or {}).get("warmup")),
+        "score_passages": 2 * k,  # train + dev lists of every round
+        "train_retriever": k,
+        "embed_passages": shards * dense,
+        "build_index": dense,
+        # iter0..iter{K-2} retrieve train, dev and test for the next round; the last round's
+        # retriever and the comparisons only the evaluated splits
+        "retrieve_passages": 3 * (k - 1) + splits * (1 + len(compare)),
+        "retrieve_bm25": 3,
+        "build_bm25": 1,
+        "eval_reader": k * splits,
+        "eval_retrieval": (1 + k + len(compare)) * splits,
+        "eval_baseline": splits,
+    }
+    if cfg["data"]["source"] == "demo":
+        curriculum = cfg["data"].get("curriculum") or {}
+        counts["make_demo_data"] = 2 if curriculum.get("warmup") else 1
+        counts["make_reader_lists"] = 2 * (curriculum.get("round0_lists") == "gold_forced")
+    else:
+        counts["download"] = len(cfg["data"].get("downloads", {}))
+        counts["extract"] = len(cfg["data"].get("extract", {}))
+        counts["prepare_questions"] = 3
+    return counts
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "nq.yaml", "tqa.yaml"])
+def test_plan_counts(tmp_path, name):
+    cfg = yaml.safe_load((ROOT / "config" / name).read_text())
+    started = time.perf_counter()
+    output = dry_run(tmp_path, "--configfile", str(ROOT / "config" / name))
+    print(f"{name}: planned in {time.perf_counter() - started:.1f} s")
+    counts = job_counts(output)
+    for rule, count in expected_counts(cfg).items():
+        assert counts.get(rule, 0) == count, (rule, counts)
+    jobs = planned_jobs(output)
+    shards = {j["wildcards"]["k"] for j in jobs if j["rule"] == "embed_passages"}
+    assert shards == {str(k) for k in range(cfg["shards"])}
+
+
+def test_demo_resources_and_threads(tmp_path):
+    want = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["resources"]
+    jobs = planned_jobs(dry_run(tmp_path))
+    for rule in ("train_reader", "train_retriever", "score_passages"):
+        for job in (j for j in jobs if j["rule"] == rule):
+            assert job["resources"]["mem_mb"] == str(want[rule]["mem_mb"])
+            assert job["resources"]["runtime"] == str(want[rule]["runtime"])
+            # 2 local ranks (torchrun), 1 torch thread each: the job holds 2 cores
+            assert job["threads"] == want[rule]["threads"] == 2
+            assert "torchrun --standalone --nproc-per-node=2 -m fid --threads 1" in job["shell"]
+    for job in (j for j in jobs if j["rule"] == "eval_reader"):
+        assert job["threads"] == 1 and "fid --threads 1 eval-reader" in job["shell"]
+    assert all("srun" not in j["shell"] for j in jobs if j["shell"])
+
+
+@pytest.mark.parametrize("name", ["nq.yaml", "tqa.yaml"])
+def test_gpu_layout_per_rule(tmp_path, name):
+    cfg = yaml.safe_load((ROOT / "config" / name).read_text())
+    jobs = planned_jobs(dry_run(tmp_path, "--configfile", str(ROOT / "config" / name)))
+    for rule, want in cfg["resources"].items():
+        planned = [j for j in jobs if j["rule"] == rule]
+        if rule == "default" or not planned:
+            continue
+        for job in planned:
+            for key, value in want.items():
+                if key == "threads":
+                    assert job["threads"] == value, (rule, job)
+                else:
+                    assert job["resources"][key] == str(value), (rule, key, job["resources"])
+            if "mpi" in want:
+                layout = (
+                    f"srun --nodes={want['nodes']} --ntasks-per-node={want['tasks_per_node']} "
+                    f"--cpus-per-task={want['cpus_per_task']} --gpus-per-task=1 "
+                    f"--kill-on-bad-exit=1 fid --threads {want['cpus_per_task']}"
+                )
+                assert layout in job["shell"], job["shell"]
+                assert job["threads"] == want["cpus_per_task"]
+    # state of training jobs: a params path, never an output
+    train = next(j for j in jobs if j["rule"] == "train_reader")
+    assert '--state-dir "$state"' in train["shell"] and "state_dir.py state/" in train["shell"]
+
+
+def test_own_data_plans(tmp_path):
+    data = tmp_path / "data" / "own"
+    data.mkdir(parents=True)
+    squad = SHARED_DATA / "squad-open-tiny"
+    if not squad.is_dir():
+        pytest.skip("../shared/data is not beside the checkout")
+    shutil.copy(squad / "psgs_w100.tsv", data / "psgs_w100.tsv")
+    shutil.copy(squad / "questions.jsonl", data / "questions.jsonl")
+    cfg = yaml.safe_load((ROOT / "config" / "own_data.yaml").read_text())
+    counts = job_counts(dry_run(tmp_path, "--configfile", str(ROOT / "config" / "own_data.yaml")))
+    for rule, count in expected_counts(cfg).items():
+        assert counts.get(rule, 0) == count, (rule, counts)
+
+
+def test_lint_is_clean(tmp_path):
+    result = snakemake(tmp_path, "--lint")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Congratulations" in result.stdout + result.stderr
+
+
+def test_snakefmt_is_clean():
+    import subprocess
+
+    files = [str(ROOT / "Snakefile"), *map(str, sorted((ROOT / "rules").glob("*.smk")))]
+    result = subprocess.run(
+        [str(BIN / "snakefmt"), "--check", *files], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dag_and_rulegraph_render(tmp_path):
+    if shutil.which("dot") is None:
+        pytest.skip("graphviz (dot) is not installed")
+    import subprocess
+
+    for kind in ("--rulegraph", "--dag"):
+        graph = snakemake(tmp_path, kind)
+        assert graph.returncode == 0, graph.stderr
+        svg = subprocess.run(
+            ["dot", "-Tsvg"], input=graph.stdout, capture_output=True, text=True, check=False
+        )
+        assert svg.returncode == 0 and "<svg" in svg.stdout, svg.stderr
+
+
+def test_gold_forced_curriculum_plans(tmp_path):
+    from workflow_helpers import write_config
+
+    data = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["data"]
+    data["curriculum"]["round0_lists"] = "gold_forced"
+    config = write_config(tmp_path / "c.yaml", ROOT / "config" / "config.yaml", data=data)
+    cfg = yaml.safe_load(config.read_text())
+    output = dry_run(tmp_path, "--configfile", str(config))
+    counts = job_counts(output)
+    for rule, count in expected_counts(cfg).items():
+        assert counts.get(rule, 0) == count, (rule, counts)
+    reader0 = next(
+        j for j in planned_jobs(output)
+        if j["rule"] == "train_reader" and j["wildcards"] == {"run": "demo", "i": "0", "stage": "reader"}
+    )  # fmt: skip
+    assert "--train results/demo/iter0/reader_lists/train.json" in reader0["shell"]

@@ -1,0 +1,76 @@
+"""Helpers of the workflow tests (tests/workflow/test_*.py): run Snakemake on the repository's
+Snakefile in a scratch working directory and read what it planned (jobs per rule, wildcards,
+resources, threads, shell commands)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the venv's bin: snakemake, fid, torchrun
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+if shutil.which("snakemake", path=str(BIN)) is None:
+    pytest.skip("snakemake is not installed in this environment", allow_module_level=True)
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """Runs `snakemake -s ROOT/Snakefile --directory WORKDIR ARGS` with the venv on PATH."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env["HF_HUB_OFFLINE"] = "1"
+    command = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+
+
+def dry_run(workdir: Path, *args: str) -> str:
+    """The output of a dry run that must succeed."""
+    result = snakemake(workdir, "-n", "-p", "--cores", "64", *args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a plan: rule -> number of jobs."""
+    table = output.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    rows = (line.split() for line in table.splitlines()[3:])
+    return {row[0]: int(row[1]) for row in rows if len(row) == 2 and row[0] != "total"}
+
+
+def planned_jobs(output: str) -> list[dict]:
+    """Every planned job: {"rule", "wildcards": {...}, "resources": {...}, "threads", "shell"}."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:\n)", output):
+        head = re.match(r"(?:local)?rule (\w+):\n", block)
+        if not head or head.group(1) == "all":
+            continue
+        fields = dict(re.findall(r"^    (\w+): (.*)$", block, flags=re.M))
+        wildcards = dict(kv.split("=", 1) for kv in fields.get("wildcards", "").split(", ") if kv)
+        resources = dict(kv.split("=", 1) for kv in fields.get("resources", "").split(", ") if kv)
+        shell = re.search(r"^Shell command: (.*)$", block, flags=re.M)
+        jobs.append(
+            dict(rule=head.group(1), wildcards=wildcards, resources=resources,
+                 threads=int(fields.get("threads", 1)), shell=shell and shell.group(1))
+        )  # fmt: skip
+    return jobs
+
+
+def write_config(path: Path, base: str | Path, **changes) -> Path:
+    """A copy of a config file with top-level keys replaced (None deletes the key)."""
+    data = yaml.safe_load(Path(base).read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
