@@ -32,27 +32,31 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def cmd_init_reader(args) -> None:
-    from fid.config import InitReaderConfig, load_config
+def _init_model(args, config_class, train_tokenizer, build, what: str) -> None:
+    """A tokenizer trained on the corpus and a random model of the configured size."""
+    from fid.config import load_config
     from fid.corpus import corpus_texts
     from fid.fileio import atomic_directory
-    from fid.init_models import init_reader, train_tokenizer
 
-    cfg = load_config(args.config, InitReaderConfig)
+    cfg = load_config(args.config, config_class)
     texts = list(corpus_texts(args.corpus))
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
-    t5 = init_reader(cfg, vocab_size=len(tokenizer))
+    model = build(cfg, vocab_size=len(tokenizer))
     with atomic_directory(args.output) as tmp:
-        t5.save_pretrained(tmp)
+        model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    n_params = sum(p.numel() for p in t5.parameters())
+    n_params = sum(p.numel() for p in model.parameters())
     logger.info(
-        "wrote a random T5 (%.2fM parameters) and a %d-piece tokenizer trained on %d texts to %s",
-        n_params / 1e6,
-        len(tokenizer),
-        len(texts),
-        args.output,
-    )
+        "wrote a random %s (%.2fM parameters) and a %d-piece tokenizer trained on %d texts to %s",
+        what, n_params / 1e6, len(tokenizer), len(texts), args.output,
+    )  # fmt: skip
+
+
+def cmd_init_reader(args) -> None:
+    from fid.config import InitReaderConfig
+    from fid.init_models import init_reader, train_tokenizer
+
+    _init_model(args, InitReaderConfig, train_tokenizer, init_reader, "T5")
 
 
 def cmd_train_reader(args) -> None:
@@ -89,21 +93,10 @@ def cmd_convert_checkpoint(args) -> None:
 
 
 def cmd_init_retriever(args) -> None:
-    from fid.config import InitRetrieverConfig, load_config
-    from fid.corpus import corpus_texts
-    from fid.fileio import atomic_directory
+    from fid.config import InitRetrieverConfig
     from fid.init_models import init_retriever, train_bert_tokenizer
 
-    cfg = load_config(args.config, InitRetrieverConfig)
-    texts = list(corpus_texts(args.corpus))
-    tokenizer = train_bert_tokenizer(texts, cfg.vocab_size)
-    encoder = init_retriever(cfg, vocab_size=len(tokenizer))
-    with atomic_directory(args.output) as tmp:
-        encoder.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    logger.info(
-        "wrote a random BERT encoder and a %d-piece tokenizer to %s", len(tokenizer), args.output
-    )
+    _init_model(args, InitRetrieverConfig, train_bert_tokenizer, init_retriever, "BERT encoder")
 
 
 def cmd_train_retriever(args) -> None:
