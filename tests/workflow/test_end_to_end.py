@@ -65,7 +65,6 @@ def test_demo_reaches_its_bars(tmp_path):
         assert (tmp_path / "results/demo/report" / name).stat().st_size > 0
 
 
-@pytest.mark.xfail(reason="not verified at the end of session 1 (issue 5)", strict=False)
 def test_own_data_config_on_squad_open_tiny(tmp_path):
     squad = SHARED_DATA / "squad-open-tiny"
     if not squad.is_dir():

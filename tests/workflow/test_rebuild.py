@@ -15,12 +15,7 @@ import pytest
 import yaml
 from workflow_helpers import ROOT, planned_jobs, snakemake, write_config
 
-pytestmark = [
-    pytest.mark.slow,
-    # Unverified at the end of session 1 (two of these failed in its last full run): the next
-    # session must make them pass and remove this marker (see the issue 5 note).
-    pytest.mark.xfail(reason="target rebuilds not verified yet (issue 5)", strict=False),
-]
+pytestmark = pytest.mark.slow
 TINY = ROOT / "tests" / "workflow" / "config.yaml"
 
 
@@ -57,10 +52,6 @@ def test_finished_run_is_up_to_date(tiny_run):
     assert _plan(tiny_run) == set()
 
 
-@pytest.mark.xfail(
-    reason="known failure at the end of session 1: the dry-run after this deletion plans nothing / reuses the old state key (see the issue 5 note)",
-    strict=False,
-)
 def test_deleting_a_retriever_reruns_only_its_dependents(tiny_run):
     model = "results/tiny/iter1/retriever/model"
     shutil.rmtree(tiny_run / model)
@@ -121,10 +112,6 @@ def test_changing_reader_knobs_reruns_the_reader_chain_only(tiny_run, tmp_path):
     assert _job("eval_retrieval", source="bm25", split="test") not in planned
 
 
-@pytest.mark.xfail(
-    reason="known failure at the end of session 1: the dry-run after this deletion plans nothing / reuses the old state key (see the issue 5 note)",
-    strict=False,
-)
 def test_changed_inputs_start_a_fresh_training_state(tiny_run):
     """A rerun caused by new inputs must not resume the finished run of the old ones."""
     state = tiny_run / "state/tiny/iter1/retriever"
