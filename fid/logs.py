@@ -43,6 +43,10 @@ def setup_logging(rank: int = 0, file: str | Path | None = None) -> None:
     # transformers and friends are chatty at INFO.
     for name in ("transformers", "torch", "urllib3", "filelock", "huggingface_hub"):
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
+    # ... and draw a "Loading weights" progress bar per model load, one per rank, into logs.
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 class MetricsWriter:

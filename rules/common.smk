@@ -88,6 +88,13 @@ if CURRICULUM and not DEMO:
 for name, spec in EXTRACTS.items():
     if spec["archive"] not in DOWNLOADS:
         fail(f"data.extract.{name}.archive", "is no download", "name one")
+for rule_name, spec in config["resources"].items():
+    if "mpi" in spec and spec.get("tasks_per_node", 1) < 2:
+        fail(
+            f"resources.{rule_name}.tasks_per_node",
+            "an `mpi` (srun) job needs at least 2 tasks per node (the SLURM plugin refuses 1)",
+            "give it >= 2 GPUs per node, or drop mpi and nodes for one process per job",
+        )
 MADE = {f"resources/{DATASET}/downloads/{n}" for n in DOWNLOADS}
 MADE |= {f"resources/{DATASET}/extracted/{n}" for n in EXTRACTS}
 GIVEN = {"data.passages": DATA.get("passages")}

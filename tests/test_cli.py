@@ -136,6 +136,18 @@ def test_exit_status_of_the_installed_command(tmp_path):
     assert "Traceback" not in result.stderr and not (tmp_path / "o.json").exists()
 
 
+def test_job_logs_carry_no_progress_bars(tmp_path, files, tiny_model_dir):
+    """transformers draws a "Loading weights" bar per model load and rank into the job logs."""
+    result = subprocess.run(
+        [sys.executable, "-m", "fid", "--threads", "1", "score-passages", "--model",
+         str(tiny_model_dir), "--questions", str(files["dev"]), "--output",
+         str(tmp_path / "o.json")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "INFO" in result.stderr and "Loading weights" not in result.stderr
+
+
 def test_train_eval_score(tmp_path, files, tiny_model_dir, toy_records):
     assert (
         main(_train_args(tmp_path, tiny_model_dir, files["train"], files["dev"], files["config"]))

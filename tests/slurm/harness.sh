@@ -13,8 +13,11 @@
 # accounting database (so no sacct: poll squeue, which keeps ended jobs for MinJobAge).
 #
 # The cluster is self-contained: its config lives under $FID_SLURM_ROOT/etc (SLURM_CONF), its
-# daemons use their own ports, and `down` stops only the daemons it started, so it neither
-# reads nor overwrites /etc/slurm. Only munged is shared (one per host; reused if running).
+# daemons use their own ports, and `down` stops only the daemons it started. Only munged is
+# shared (one per host; reused if running), and /etc/slurm/slurm.conf: Snakemake's SLURM
+# plugin strips SLURM_CONF from the jobs it starts, so an `srun` inside them finds only the
+# default path. `up` links that path to this cluster's config when it is free (never over a
+# real file) and `down` removes the link if it is ours; `status` says where it points.
 #
 # Tunables (environment):
 #   FID_SLURM_ROOT           config, state, logs, spool       (default /tmp/fid-slurm)
@@ -35,6 +38,7 @@ MEM_MB=${FID_SLURM_MEM_MB:-4096}
 PORT=${FID_SLURM_PORT:-6917}
 REQUEUE_DELAY=${FID_SLURM_REQUEUE_DELAY:-120}
 CONF=$ROOT/etc/slurm.conf
+DEFAULT_CONF=/etc/slurm/slurm.conf
 HOSTS_TAG="# fid-slurm-harness"
 export SLURM_CONF=$CONF
 
@@ -114,6 +118,10 @@ InactiveLimit=0
 $([ "$NGPU" -gt 0 ] && echo GresTypes=gpu || true)
 ${nodes}PartitionName=debug Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP
 EOF
+  # srun inside Snakemake's jobs reads only the default path (see the header)
+  if [ ! -e "$DEFAULT_CONF" ] || [ "$(readlink "$DEFAULT_CONF")" = "$CONF" ]; then
+    mkdir -p "$(dirname "$DEFAULT_CONF")" && ln -sfn "$CONF" "$DEFAULT_CONF"
+  fi
   # The emulated nodes' names must resolve: the first one is the ranks' rendezvous.
   if ! grep -q "$HOSTS_TAG" /etc/hosts; then
     echo "127.0.0.1 ${NODES[*]} $HOSTS_TAG" >>/etc/hosts
@@ -199,6 +207,7 @@ down() {
   fi
   stop "$ROOT"/slurmd-*.pid "$ROOT/slurmctld.pid"
   stop "$ROOT/munged.pid"
+  if [ -L "$DEFAULT_CONF" ] && [ "$(readlink "$DEFAULT_CONF")" = "$CONF" ]; then rm -f "$DEFAULT_CONF"; fi
   if grep -q "$HOSTS_TAG" /etc/hosts 2>/dev/null; then
     # Rewrite in place: /etc/hosts is often a bind mount that cannot be renamed over.
     grep -v "$HOSTS_TAG" /etc/hosts >"$ROOT/hosts.tmp" && cat "$ROOT/hosts.tmp" >/etc/hosts
@@ -210,7 +219,8 @@ down() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
-  status) alive "$ROOT/slurmctld.pid" || die "not running"; sinfo -N -o "%N %T %c %m %G"; squeue -t all ;;
+  status) alive "$ROOT/slurmctld.pid" || die "not running"; sinfo -N -o "%N %T %c %m %G"; squeue -t all
+          echo "$DEFAULT_CONF -> $(readlink -f "$DEFAULT_CONF" 2>/dev/null || echo missing)" ;;
   env) echo "export SLURM_CONF=$CONF" ;;
   *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
 esac

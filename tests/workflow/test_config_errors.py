@@ -58,6 +58,14 @@ def test_out_of_range_knob(tmp_path):
     _fails(tmp_path, config, "batch_size = 0 is out of range")
 
 
+def test_srun_job_with_one_task_per_node(tmp_path):
+    """snakemake-executor-plugin-slurm refuses it at submission, after other jobs ran."""
+    nq = yaml.safe_load((ROOT / "config" / "nq.yaml").read_text())
+    nq["resources"]["train_reader"]["tasks_per_node"] = 1
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(nq))
+    _fails(tmp_path, tmp_path / "c.yaml", "config key 'resources.train_reader.tasks_per_node'")
+
+
 def test_download_without_checksum_needs_a_reason(tmp_path):
     nq = yaml.safe_load((ROOT / "config" / "nq.yaml").read_text())
     del nq["data"]["downloads"]["dataindex.tar.gz"]["no_checksum_because"]

@@ -93,6 +93,9 @@ def test_gpu_layout_per_rule(tmp_path, name):
                 )
                 assert layout in job["shell"], job["shell"]
                 assert job["threads"] == want["cpus_per_task"]
+            elif "gres" in want:  # a one-GPU job: one plain process, its threads from config
+                assert "srun" not in job["shell"], job["shell"]
+                assert f"fid --threads {want['threads']} " in job["shell"], job["shell"]
     # state of training jobs: a params path, never an output
     train = next(j for j in jobs if j["rule"] == "train_reader")
     assert '--state-dir "$state"' in train["shell"] and "state_dir.py state/" in train["shell"]
