@@ -48,19 +48,26 @@ def test_demo_reaches_its_bars(tmp_path):
         v for (reader, split), v in em.items() if reader.startswith("most") and split == "test"
     )
     print("exact match:", em)
-    # the reader far above answering the most common training answer every time
+    # The reader far above answering the most common training answer every time, in both
+    # rounds (3 seeds of the world, session 1: round 0 19.3/24.7/18.7%, round 1
+    # 13.7/14.7/14.3%, baseline 1.0/1.3/0.3%). Round 1 (the reader retrained on the distilled
+    # retriever's lists) does not gain over round 0: reported in the notes, as DESIGN.md 7 warned.
     assert em[("round 0", "test")] >= max(10.0, 5 * baseline)
-    # Round 1 (the reader retrained on the distilled retriever's lists) is reported, not
-    # asserted: it fell to 6% in the runs of this session (the prototype did not gain either).
+    assert em[("round 1", "test")] >= 5 * baseline
 
     top = {
         (r["source"], r["split"]): r for r in _rows(tmp_path / "results/demo/report/retrieval.csv")
     }
     print("retrieval:", top)
-    # The distilled retriever above BM25 at top-1. Top-5 is NOT reached yet (round 0: 37.7 vs
-    # BM25 45.3 in this session's runs; round 1: 48.7): reported in the notes, not asserted.
-    for source in ("iter0", "iter1"):
-        assert float(top[(source, "test")]["top-1"]) > float(top[("bm25", "test")]["top-1"])
+
+    def beats_bm25(source, k):
+        return float(top[(source, "test")][f"top-{k}"]) > float(top[("bm25", "test")][f"top-{k}"])
+
+    # The final distilled retriever above BM25 at top-1 and top-5 (all 3 seeds: 21.7/56.3,
+    # 28.3/63.3, 24.0/54.7 vs BM25 8.7/45.3, 6.7/51.0, 11.0/53.3); round 0's at top-1 (its
+    # top-5 beat BM25 in 2 of the 3 seeds only).
+    assert beats_bm25("iter1", 1) and beats_bm25("iter1", 5)
+    assert beats_bm25("iter0", 1)
     for name in ("exact_match.png", "retrieval_topk.png", "training_curves.png", "config.yaml"):
         assert (tmp_path / "results/demo/report" / name).stat().st_size > 0
 
