@@ -4,7 +4,8 @@ emulated nodes, fake GPUs). Every reader training is a 2-node `srun` DDP job wit
 config/nq.yaml; round 0's is requeued while it trains (`scontrol requeue`, what preemption with
 PreemptMode=REQUEUE does), and the workflow still completes, that job resuming its checkpoint.
 
-Runs ~3-4 minutes on 2 cores (`pytest -s` prints the timings).
+Runs ~5 minutes on 2 cores: each SLURM job costs 10-15 s however small (the plugin's job step
+starts Snakemake twice, then `fid`), plus status polls. `pytest -s` prints the timings.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ TWO_NODE_DDP = {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "gres": "gp
 
 def _config(path: Path) -> Path:
     config = yaml.safe_load(TINY.read_text())
-    # One round and one evaluated split keep the critical path at ~12 jobs: each SLURM job costs
-    # ~10 s here however small (a Snakemake job step, then `fid`, each importing torch).
+    # One round and one evaluated split keep the critical path at ~12 jobs (~10-15 s each).
     config.update(rounds=1, eval_splits=["test"])
     # Round 0's reader trains long enough (a checkpoint every 10 steps) to be requeued while it
     # runs.
