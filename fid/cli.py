@@ -398,6 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "state_dir", None) is not None:
+        # A training run: SIGUSR1/SIGTERM are recorded, not a kill, from here (before torch is
+        # imported) to the exit; the loop stops on them with a checkpoint.
+        from fid.signals import STOP_SIGNALS
+
+        STOP_SIGNALS.hold()
     from fid import distributed
     from fid.config import ConfigError
     from fid.data import DataError

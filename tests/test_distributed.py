@@ -239,6 +239,50 @@ def test_interrupted_runs_end_bitwise_equal(tmp_path, tiny_model_dir, toy_record
         assert torch.equal(a[name], b[name]), name
 
 
+# `fid` with a signal sent to itself at a chosen moment: during start-up (before the loop) or
+# while the finished model is exported (after the last step, when the loop's own record of
+# signals is gone). Without the command-wide record both kill the process (status -10).
+_SIGNAL_AT = """
+import os, signal, sys
+import fid.training.loop as loop
+name = sys.argv.pop(1)
+original = getattr(loop, name)
+def signalled(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGUSR1)
+    return original(*args, **kwargs)
+setattr(loop, name, signalled)
+from fid.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("moment", ["run_training", "export_best_model"])
+def test_a_signal_outside_the_loop_is_no_kill(tmp_path, tiny_model_dir, toy_records, moment):
+    train = write_json(tmp_path / "train.json", toy_records["train"][:8])
+    dev = write_json(tmp_path / "dev.json", toy_records["dev"][:2])
+    config = _yaml(tmp_path / "c.yaml", dict(
+        n_passages=2, passage_max_tokens=16, batch_size_per_device=2, max_steps=3,
+        eval_every_steps=0, save_every_steps=0, log_every_steps=1, batch_size=2,
+        max_answer_tokens=3, tensorboard=False,
+    ))  # fmt: skip
+    args = _train_args(tmp_path, tiny_model_dir, train, dev, "run", config)[3:]  # after -m fid
+    command = [sys.executable, "-c", _SIGNAL_AT, moment, *args]
+    first = subprocess.run(command, capture_output=True, text=True)
+    state = tmp_path / "state-run"
+    if moment == "run_training":
+        # recorded during start-up: the loop stops after its first step, with a checkpoint
+        assert first.returncode == 75, first.stderr[-2000:]
+        assert "stopping at step 1 on a signal" in first.stderr
+        assert (state / "step-1").is_dir() and not (tmp_path / "model-run").exists()
+        again = subprocess.run(_train_args(tmp_path, tiny_model_dir, train, dev, "run", config),
+                               capture_output=True, text=True)  # fmt: skip
+        assert again.returncode == 0 and "resumed from" in again.stderr, again.stderr[-2000:]
+    else:
+        # the work is done when it arrives: exported, and a clean exit
+        assert first.returncode == 0, first.stderr[-2000:]
+    assert (tmp_path / "model-run" / "model.safetensors").is_file()
+
+
 @pytest.mark.slow
 def test_fsdp_matches_ddp_and_resumes_from_sharded_checkpoints(
     tmp_path, tiny_model_dir, equal_length_data

@@ -14,9 +14,7 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +38,7 @@ from fid.checkpoint import (
 from fid.config import ConfigError, TrainingConfig, config_to_dict
 from fid.fileio import atomic_directory, atomic_write_json, recover_directory
 from fid.logs import MetricsWriter, PeakMemory
+from fid.signals import STOP_SIGNALS
 from fid.training import sharding
 from fid.training.optim import build_optimizer, build_scheduler
 
@@ -85,30 +84,6 @@ def autocast(device: torch.device, precision: str):
 
 class Preempted(Exception):
     """Training stopped on SIGUSR1/SIGTERM after writing a complete checkpoint; rerun to resume."""
-
-
-class _StopSignals:
-    """Records SIGUSR1 and SIGTERM (SLURM's warnings before preemption or the time limit)
-    instead of dying, so the loop can finish its step and save; restores the old handlers."""
-
-    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-
-    def __init__(self):
-        self.received: int | None = None
-        self._previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for number in self.SIGNALS:
-                self._previous[number] = signal.signal(number, self._handle)
-        return self
-
-    def _handle(self, number, frame):
-        self.received = number
-
-    def __exit__(self, *exc):
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
 
 
 class _BatchStream:
@@ -249,7 +224,7 @@ def run_training(
 
     model.train()
     try:
-        with _StopSignals() as signals:
+        with STOP_SIGNALS as signals:
             while progress.step < cfg.max_steps:
                 for micro_step in range(cfg.gradient_accumulation_steps):
                     batch = stream.take(world_size)[rank]
