@@ -217,9 +217,11 @@ class RetrieverTrainConfig(TrainingConfig):
         retriever_temperature: student distribution = softmax(retriever scores / this).
         in_batch_negatives: the student also ranks the other questions' passages of the batch
             (the teacher gives them probability 0).
-        eval_k: ranks at which dev agreement and answer recall are reported.
+        eval_k: ranks at which dev agreement and answer recall are reported (dev questions rank
+            their own n_passages candidates: k >= n_passages reports the candidates' ceiling).
         select_on: the dev metric that picks best_dev: "agreement@K" (the reader's top passage
-            is in the retriever's top K of the question's candidates) or "answer_recall@K".
+            is in the retriever's top K of the question's candidates) or "answer_recall@K",
+            with K < n_passages.
         eval_batch_size: questions per dev encoding batch.
         precision: "fp32", "bf16" or "fp16" (GPU).
     """
@@ -254,6 +256,15 @@ class RetrieverTrainConfig(TrainingConfig):
         if self.select_on not in allowed:
             raise ConfigError(
                 f"select_on = {self.select_on!r} is not allowed: expected one of {allowed}"
+            )
+        # Dev metrics rank each question's own n_passages candidates: at k >= n_passages every
+        # model scores the same (the candidates' ceiling), so best_dev would be chosen blindly.
+        select_k = int(self.select_on.split("@")[1])
+        if select_k >= self.n_passages:
+            raise ConfigError(
+                f"select_on = {self.select_on!r} ranks {select_k} of the n_passages = "
+                f"{self.n_passages} candidates of each dev question: it is the same for every "
+                f"model; expected a rank k < n_passages"
             )
 
 

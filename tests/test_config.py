@@ -8,6 +8,7 @@ from fid.config import (
     ConfigError,
     EvalReaderConfig,
     ReaderTrainConfig,
+    RetrieverTrainConfig,
     ScorePassagesConfig,
     config_from_dict,
     load_config,
@@ -42,6 +43,17 @@ def test_bad_values_name_key_value_and_allowed(data, message):
     with pytest.raises(ConfigError, match="cfg.yaml") as error:
         config_from_dict(data, ReaderTrainConfig, source="cfg.yaml")
     assert message in str(error.value)
+
+
+def test_retriever_selection_rank_below_the_candidate_count():
+    """Dev questions rank their own n_passages candidates: selecting on a rank that covers all
+    of them would pick best_dev on a metric that no model can change."""
+    data = {"n_passages": 5, "eval_k": [1, 5], "select_on": "answer_recall@5"}
+    with pytest.raises(ConfigError, match="cfg.yaml") as error:
+        config_from_dict(data, RetrieverTrainConfig, source="cfg.yaml")
+    assert "select_on = 'answer_recall@5' ranks 5 of the n_passages = 5" in str(error.value)
+    cfg = config_from_dict({**data, "select_on": "answer_recall@1"}, RetrieverTrainConfig)
+    assert cfg.eval_k == [1, 5]  # reporting the candidates' ceiling at k = 5 stays allowed
 
 
 def test_bad_files(tmp_path):

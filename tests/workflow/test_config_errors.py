@@ -58,6 +58,14 @@ def test_out_of_range_knob(tmp_path):
     _fails(tmp_path, config, "batch_size = 0 is out of range")
 
 
+def test_later_rounds_override_checked_as_a_whole(tmp_path):
+    """later_rounds.retriever merged over `retriever`: 1 candidate leaves nothing to select on."""
+    later = yaml.safe_load(DEMO.read_text())["later_rounds"]
+    later["retriever"] = {**later["retriever"], "n_passages": 1}
+    config = write_config(tmp_path / "c.yaml", DEMO, later_rounds=later)
+    _fails(tmp_path, config, "config section 'retriever_later'", "ranks 1 of the n_passages = 1")
+
+
 def test_srun_job_with_one_task_per_node(tmp_path):
     """snakemake-executor-plugin-slurm refuses it at submission, after other jobs ran."""
     nq = yaml.safe_load((ROOT / "config" / "nq.yaml").read_text())
