@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
+
+# stdlib only: the signal record is installed before torch is imported
+from fid.signals import STOP_SIGNALS
 
 logger = logging.getLogger("fid")
 
@@ -398,12 +400,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "state_dir", None) is not None:
-        # A training run: SIGUSR1/SIGTERM are recorded, not a kill, from here (before torch is
-        # imported) to the exit; the loop stops on them with a checkpoint.
-        from fid.signals import STOP_SIGNALS
+    if getattr(args, "state_dir", None) is None:
+        return _run(args)
+    # A training run: SIGUSR1/SIGTERM are recorded, not a kill, from here (before torch is
+    # imported) to the end of the run; the loop stops on them with a checkpoint. After the run
+    # they are ignored, so that one during the interpreter's shutdown is no kill either.
+    STOP_SIGNALS.hold()
+    try:
+        return _run(args)
+    finally:
+        STOP_SIGNALS.ignore()
 
-        STOP_SIGNALS.hold()
+
+def _run(args: argparse.Namespace) -> int:
+    """Runs one parsed command: its exit status (EXIT_ERROR on bad input, EXIT_PREEMPTED)."""
     from fid import distributed
     from fid.config import ConfigError
     from fid.data import DataError
@@ -429,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.warning("%s: rerun the same command to resume", stop)
         # The checkpoint is written: a SIGTERM from now on (SLURM sends one to the job's tasks
         # on requeue) must not turn the clean exit into a kill.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        STOP_SIGNALS.ignore()
         _requeue_if_asked()
         return EXIT_PREEMPTED
     except (ConfigError, DataError, FileNotFoundError) as error:

@@ -46,8 +46,16 @@ class StopSignals:
             self._previous.clear()
 
     def hold(self) -> None:
-        """Records the signals from now until the process exits (the `fid` command)."""
+        """Records the signals from now until the run is over (the `fid` command)."""
         self.__enter__()
+
+    def ignore(self) -> None:
+        """Ignores the signals from now on: the run is over (exported, or stopped with a
+        checkpoint). While the interpreter shuts down, Python resets the handlers it installed to
+        the default action, death, and freeing torch takes long enough for a late signal to turn
+        a finished job's exit status into a kill; an ignore survives the shutdown."""
+        for number in self.SIGNALS:
+            signal.signal(number, signal.SIG_IGN)
 
 
 STOP_SIGNALS = StopSignals()

@@ -239,24 +239,32 @@ def test_interrupted_runs_end_bitwise_equal(tmp_path, tiny_model_dir, toy_record
         assert torch.equal(a[name], b[name]), name
 
 
-# `fid` with a signal sent to itself at a chosen moment: during start-up (before the loop) or
+# `fid` with a signal sent to itself at a chosen moment: during start-up (before the loop),
 # while the finished model is exported (after the last step, when the loop's own record of
-# signals is gone). Without the command-wide record both kill the process (status -10).
+# signals is gone), or while the interpreter shuts down after `main` returned (Python has then
+# reset the handlers it installed to the default action, death). Without the command-wide
+# record, or without ignoring the signals once the run is over, each kills the process (-10).
 _SIGNAL_AT = """
 import os, signal, sys
 import fid.training.loop as loop
 name = sys.argv.pop(1)
-original = getattr(loop, name)
-def signalled(*args, **kwargs):
-    os.kill(os.getpid(), signal.SIGUSR1)
-    return original(*args, **kwargs)
-setattr(loop, name, signalled)
+if name == "interpreter_exit":
+    class SignalWhenCollected:  # collected with __main__'s globals, late in the shutdown
+        def __del__(self, kill=os.kill, pid=os.getpid(), number=signal.SIGUSR1):
+            kill(pid, number)
+    late = SignalWhenCollected()
+else:
+    original = getattr(loop, name)
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return original(*args, **kwargs)
+    setattr(loop, name, signalled)
 from fid.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("moment", ["run_training", "export_best_model"])
+@pytest.mark.parametrize("moment", ["run_training", "export_best_model", "interpreter_exit"])
 def test_a_signal_outside_the_loop_is_no_kill(tmp_path, tiny_model_dir, toy_records, moment):
     train = write_json(tmp_path / "train.json", toy_records["train"][:8])
     dev = write_json(tmp_path / "dev.json", toy_records["dev"][:2])
