@@ -1,7 +1,5 @@
 """`python -m fid` is the `fid` command."""
 
-import sys
+from fid.cli import command
 
-from fid.cli import main
-
-sys.exit(main())
+command()

@@ -399,17 +399,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `fid` command as a function (tests call it in-process): its exit status."""
     args = build_parser().parse_args(argv)
     if getattr(args, "state_dir", None) is None:
         return _run(args)
     # A training run: SIGUSR1/SIGTERM are recorded, not a kill, from here (before torch is
-    # imported) to the end of the run; the loop stops on them with a checkpoint. After the run
-    # they are ignored, so that one during the interpreter's shutdown is no kill either.
-    STOP_SIGNALS.hold()
-    try:
+    # imported) to the end of the run; the loop stops on them with a checkpoint.
+    with STOP_SIGNALS:
         return _run(args)
-    finally:
-        STOP_SIGNALS.ignore()
+
+
+def command() -> None:
+    """The `fid` process (console script, `python -m fid`): after a training run it ignores
+    SIGUSR1/SIGTERM until it exits, so that a late one during the shutdown is no kill."""
+    STOP_SIGNALS.ignore_when_released()
+    sys.exit(main())
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -14,10 +14,11 @@ class StopSignals:
     """Records SIGUSR1 and SIGTERM (SLURM's warnings before preemption or the time limit)
     instead of dying, so the loop can finish its step and save.
 
-    One per process (STOP_SIGNALS), re-entrant: the loop holds it for its steps and restores the
-    old handlers when it leaves; the `fid` command holds it for the whole of a training run
-    (`hold()`), so that a signal during start-up stops the loop at its first step, with a
-    checkpoint, and one while the finished model is exported is no kill of a completed job.
+    One per process (STOP_SIGNALS), re-entrant: the loop holds it for its steps; the `fid`
+    command holds it for the whole of a training run, so that a signal during start-up stops the
+    loop at its first step, with a checkpoint, and one while the finished model is exported is
+    no kill of a completed job. When the outermost holder leaves, the old handlers come back, or
+    in the `fid` process (`ignore_when_released()`) the signals are ignored until it exits.
     """
 
     SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
@@ -26,6 +27,7 @@ class StopSignals:
         self.received: int | None = None
         self._depth = 0
         self._previous = {}
+        self._ignore_when_released = False
 
     def __enter__(self):
         if self._depth == 0 and threading.current_thread() is threading.main_thread():
@@ -42,18 +44,19 @@ class StopSignals:
         self._depth -= 1
         if self._depth == 0:
             for number, handler in self._previous.items():
-                signal.signal(number, handler)
+                signal.signal(number, signal.SIG_IGN if self._ignore_when_released else handler)
             self._previous.clear()
 
-    def hold(self) -> None:
-        """Records the signals from now until the run is over (the `fid` command)."""
-        self.__enter__()
+    def ignore_when_released(self) -> None:
+        """For a process that ends after its run: the signals are ignored, not given back to
+        their old handlers, when the outermost holder leaves. While the interpreter shuts down
+        Python resets the handlers it installed to the default action, death, and freeing torch
+        takes long enough for SLURM's late signal to turn a finished job's exit into a kill; an
+        ignore survives the shutdown."""
+        self._ignore_when_released = True
 
     def ignore(self) -> None:
-        """Ignores the signals from now on: the run is over (exported, or stopped with a
-        checkpoint). While the interpreter shuts down, Python resets the handlers it installed to
-        the default action, death, and freeing torch takes long enough for a late signal to turn
-        a finished job's exit status into a kill; an ignore survives the shutdown."""
+        """Ignores the signals from now on (a run stopped with its checkpoint written)."""
         for number in self.SIGNALS:
             signal.signal(number, signal.SIG_IGN)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import signal
 import subprocess
 import sys
 
@@ -82,6 +83,15 @@ BAD_QUESTIONS = {
         "field 'ctxs' must be a non-empty list",
     ),
 }
+
+
+def test_in_process_training_run_gives_the_signal_handlers_back(tmp_path, files, tiny_model_dir):
+    """`main` records SIGUSR1/SIGTERM during a training run and then restores the caller's
+    handlers; only the `fid` process (`command`) ignores them after the run."""
+    before = {number: signal.getsignal(number) for number in (signal.SIGUSR1, signal.SIGTERM)}
+    missing = tmp_path / "missing.json"
+    assert main(_train_args(tmp_path, tiny_model_dir, missing, files["dev"], files["config"])) == 1
+    assert {number: signal.getsignal(number) for number in before} == before
 
 
 @pytest.mark.parametrize("case", sorted(BAD_QUESTIONS))

@@ -259,8 +259,8 @@ else:
         os.kill(os.getpid(), signal.SIGUSR1)
         return original(*args, **kwargs)
     setattr(loop, name, signalled)
-from fid.cli import main
-sys.exit(main(sys.argv[1:]))
+from fid.cli import command
+command()
 """
 
 
