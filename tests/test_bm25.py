@@ -18,8 +18,8 @@ from fid.has_answer import has_answer
 from fid.passages import load_passages
 from fid.questions import load_questions
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SQUAD = SHARED_DATA / "squad-open-tiny"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+SQUAD = SAMPLES / "squad-open-tiny"
 PASSAGES = SQUAD / "psgs_w100.tsv"
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import SHARED_DATA, write_json
+from conftest import SAMPLES, write_json
 from transformers import T5ForConditionalGeneration
 
 from fid.cli import main
@@ -248,9 +248,9 @@ def test_convert_released_checkpoint(tmp_path, tiny_t5, tokenizer, caplog):
 def _squad_questions(n_passages=5, limit=24):
     """FiD-format questions from the real squad-open-tiny set; ctxs ranked by word overlap
     (a stand-in for a retriever, enough for a real-text run of the reader)."""
-    with open(SHARED_DATA / "squad-open-tiny" / "psgs_w100.tsv", newline="") as handle:
+    with open(SAMPLES / "squad-open-tiny" / "psgs_w100.tsv", newline="") as handle:
         passages = list(csv.DictReader(handle, delimiter="\t"))
-    lines = (SHARED_DATA / "squad-open-tiny" / "questions.jsonl").read_text().splitlines()
+    lines = (SAMPLES / "squad-open-tiny" / "questions.jsonl").read_text().splitlines()
     records = []
     for i, line in enumerate(lines[:limit]):
         question = json.loads(line)
@@ -265,12 +265,11 @@ def _squad_questions(n_passages=5, limit=24):
     return records
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data is not beside the checkout")
 def test_real_text_run(tmp_path):
     records = _squad_questions()
     train = write_json(tmp_path / "train.json", records[:16])
     dev = write_json(tmp_path / "dev.json", records[16:])
-    passages = SHARED_DATA / "squad-open-tiny" / "psgs_w100.tsv"
+    passages = SAMPLES / "squad-open-tiny" / "psgs_w100.tsv"
     init = _yaml(tmp_path / "init.yaml", {"vocab_size": 2000, "d_model": 32, "d_ff": 64, "d_kv": 8,
                                             "num_heads": 4})  # fmt: skip
     assert main(["init-reader", "--config", str(init), "--corpus", str(passages), str(train),

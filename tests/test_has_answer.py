@@ -10,7 +10,7 @@ import pytest
 from fid.has_answer import AnswerMatcher, has_answer, tokenize
 from fid.passages import iter_passages
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def test_tokenizer_equals_dpr_pattern_on_real_text():
         r"([\p{L}\p{N}\p{M}]+)|([^\p{Z}\p{C}])",
         flags=regex.IGNORECASE | regex.UNICODE | regex.MULTILINE,
     )
-    texts = [p.text for p in iter_passages(SHARED_DATA / "dpr" / "psgs_w100.subset.tsv")]
+    texts = [p.text for p in iter_passages(SAMPLES / "dpr" / "psgs_w100.subset.tsv")]
     texts += ["Ǆemal ½ ² ٣ 中文 ﬁ \u200b x\u00a0y \U0001d400\U0001f600 İstanbul ß"]
     for text in texts:
         expected = [m.group().lower() for m in dpr.finditer(unicodedata.normalize("NFD", text))]

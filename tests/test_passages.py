@@ -17,9 +17,9 @@ from fid.passages import (
     passage_shard_bounds,
 )
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SUBSET = SHARED_DATA / "dpr" / "psgs_w100.subset.tsv"
-SQUAD = SHARED_DATA / "squad-open-tiny" / "psgs_w100.tsv"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+SUBSET = SAMPLES / "dpr" / "psgs_w100.subset.tsv"
+SQUAD = SAMPLES / "squad-open-tiny" / "psgs_w100.tsv"
 
 
 def write(tmp_path: Path, text: str, name: str = "psgs.tsv") -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import SHARED_DATA
+from conftest import SAMPLES
 
 from fid.cli import main
 from fid.config import ConfigError
@@ -83,7 +83,6 @@ def test_config_ranges(knobs):
         PrepareQuestionsConfig(**knobs)
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data is not beside the checkout")
 @pytest.mark.parametrize(
     "name",
     [
@@ -96,7 +95,7 @@ def test_cli_on_real_formats(tmp_path, name):
     out = tmp_path / "q.jsonl"
     (tmp_path / "cfg.yaml").write_text("max_questions: 50\n")
     code = main(["prepare-questions", "--config", str(tmp_path / "cfg.yaml"),
-                 "--input", str(SHARED_DATA / name), "--output", str(out)])  # fmt: skip
+                 "--input", str(SAMPLES / name), "--output", str(out)])  # fmt: skip
     assert code == 0
     questions = _read(out)
     assert 1 <= len(questions) <= 50 and all(q["question"] and q["answers"] for q in questions)

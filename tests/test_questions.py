@@ -10,7 +10,7 @@ import pytest
 from fid.data import DataError
 from fid.questions import load_questions
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -20,7 +20,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_nq_open_dev():
-    questions = load_questions(SHARED_DATA / "nq-open" / "NQ-open.dev.jsonl")
+    questions = load_questions(SAMPLES / "nq-open" / "NQ-open.dev.jsonl")
     assert len(questions) == 3610
     assert questions[0] == {
         "id": "NQ-open.dev-0",
@@ -32,13 +32,13 @@ def test_nq_open_dev():
 
 
 def test_squad_open_tiny_questions():
-    questions = load_questions(SHARED_DATA / "squad-open-tiny" / "questions.jsonl")
+    questions = load_questions(SAMPLES / "squad-open-tiny" / "questions.jsonl")
     assert len(questions) == 200
     assert questions[0]["answers"] == ["Denver Broncos"]
 
 
 def test_dpr_qas_tsv():
-    nq = load_questions(SHARED_DATA / "dpr" / "nq-test.qas.head300.tsv")
+    nq = load_questions(SAMPLES / "dpr" / "nq-test.qas.head300.tsv")
     assert len(nq) == 300
     assert nq[0] == {
         "id": "nq-test.qas.head300-0",
@@ -46,7 +46,7 @@ def test_dpr_qas_tsv():
         "answers": ["Wilhelm Conrad Röntgen"],
     }
     assert nq[2]["answers"] == ["Olivia", "MFSK"]
-    trivia = load_questions(SHARED_DATA / "dpr" / "trivia-test.qas.head300.tsv")
+    trivia = load_questions(SAMPLES / "dpr" / "trivia-test.qas.head300.tsv")
     assert len(trivia) == 300
     # csv quoting: a quoted answer list holding quotes, as DPR's reader sees it
     hitler = next(q for q in trivia if "Bomb Plot" in q["question"])
@@ -55,7 +55,7 @@ def test_dpr_qas_tsv():
 
 
 def test_triviaqa_raw_json():
-    questions = load_questions(SHARED_DATA / "triviaqa" / "triviaqa_sample.json")
+    questions = load_questions(SAMPLES / "triviaqa" / "triviaqa_sample.json")
     assert questions == [
         {
             "id": "tc_33",
@@ -96,7 +96,7 @@ def test_fid_json_and_jsonl(tmp_path):
     assert load_questions(write(tmp_path, "dev.json", json.dumps(records, indent=1))) == expected
     jsonl = "".join(json.dumps(r) + "\n" for r in records)
     assert load_questions(write(tmp_path, "dev.jsonl", jsonl)) == expected
-    biencoder = load_questions(SHARED_DATA / "dpr" / "nq-dev-biencoder-sample.json")
+    biencoder = load_questions(SAMPLES / "dpr" / "nq-dev-biencoder-sample.json")
     assert len(biencoder) == 5
     assert biencoder[0]["answers"] == ["Linda Davis"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import SHARED_DATA  # noqa: F401  (keeps the import path of shared fixtures)
+from conftest import SAMPLES  # noqa: F401  (keeps the import path of shared fixtures)
 
 from fid.data import ReaderCollator, load_examples
 from fid.reader import FiDReader

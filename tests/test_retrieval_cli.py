@@ -1,4 +1,4 @@
-"""Retrieval through the `fid` command on real text (../shared/data/squad-open-tiny)."""
+"""Retrieval through the `fid` command on real text (samples//squad-open-tiny)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,12 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA, write_json
+from conftest import SAMPLES, write_json
 
 from fid.cli import main
 from fid.index import PassageIndex
 
-SQUAD = SHARED_DATA / "squad-open-tiny"
-pytestmark = pytest.mark.skipif(
-    not SQUAD.is_dir(), reason="../shared/data is not beside the checkout"
-)
+SQUAD = SAMPLES / "squad-open-tiny"
 
 
 def _run(*args) -> int:

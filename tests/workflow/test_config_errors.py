@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 import shutil
 
-import pytest
 import yaml
-from workflow_helpers import ROOT, SHARED_DATA, snakemake, write_config
+from workflow_helpers import ROOT, SAMPLES, snakemake, write_config
 
 DEMO = ROOT / "config" / "config.yaml"
 
@@ -82,11 +81,9 @@ def test_download_without_checksum_needs_a_reason(tmp_path):
 
 
 def test_missing_data_file(tmp_path):
-    if not (SHARED_DATA / "squad-open-tiny").is_dir():
-        pytest.skip("../shared/data is not beside the checkout")
     own = yaml.safe_load((ROOT / "config" / "own_data.yaml").read_text())
     (tmp_path / "data" / "own").mkdir(parents=True)
-    shutil.copy(SHARED_DATA / "squad-open-tiny" / "psgs_w100.tsv", tmp_path / "data" / "own")
+    shutil.copy(SAMPLES / "squad-open-tiny" / "psgs_w100.tsv", tmp_path / "data" / "own")
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(own))
     result = snakemake(tmp_path, "--configfile", str(config), "--cores", "1")

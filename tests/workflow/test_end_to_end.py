@@ -1,5 +1,5 @@
 """Full runs (slow): the embedded demo against its bars, and config/own_data.yaml on a real
-open-domain sample (../shared/data/squad-open-tiny)."""
+open-domain sample (samples//squad-open-tiny)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from workflow_helpers import ROOT, SHARED_DATA, snakemake
+from workflow_helpers import ROOT, SAMPLES, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -75,9 +75,7 @@ def test_demo_reaches_its_bars(tmp_path):
 
 
 def test_own_data_config_on_squad_open_tiny(tmp_path):
-    squad = SHARED_DATA / "squad-open-tiny"
-    if not squad.is_dir():
-        pytest.skip("../shared/data is not beside the checkout")
+    squad = SAMPLES / "squad-open-tiny"
     (tmp_path / "data" / "own").mkdir(parents=True)
     shutil.copy(squad / "psgs_w100.tsv", tmp_path / "data" / "own" / "psgs_w100.tsv")
     shutil.copy(squad / "questions.jsonl", tmp_path / "data" / "own" / "questions.jsonl")

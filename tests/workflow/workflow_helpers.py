@@ -16,7 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin: snakemake, fid, torchrun
-SHARED_DATA = ROOT.parent / "shared" / "data"
+SAMPLES = ROOT / "samples"
 
 if shutil.which("snakemake", path=str(BIN)) is None:
     pytest.skip("snakemake is not installed in this environment", allow_module_level=True)
