@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -70,3 +71,17 @@ def write_json(path: Path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return path
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With FID_FORBID_SKIPS=1 (.ci/run) a skipped test fails the run: CI must prove every test,
+    and a skip for a missing sample, tool or service would hide what a user's clone lacks."""
+    if os.environ.get("FID_FORBID_SKIPS") != "1" or exitstatus != 0:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        names = ", ".join(report.nodeid for report in skipped[:10])
+        reporter.ensure_newline()
+        reporter.write_line(f"FID_FORBID_SKIPS=1: {len(skipped)} skipped test(s) fail CI: {names}")
+        session.exitstatus = 1
