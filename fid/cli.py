@@ -8,6 +8,7 @@ a bad input ends with one clear message and exit status 1, and no partial output
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -34,13 +35,36 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def _load_config(args: argparse.Namespace, config_class):
+    """The command's knobs: `--config` loaded into `config_class` (None: the defaults)."""
+    from fid.config import ConfigError, load_config
+
+    try:
+        return load_config(args.config, config_class)
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{args.config}: not UTF-8 text ({error.reason} at byte {error.start}): expected a "
+            "YAML file of knobs"
+        ) from None
+
+
+def _check_precision(cfg, device) -> None:
+    """fp16 autocast exists on CUDA only; say so before any model is loaded."""
+    from fid.config import ConfigError
+
+    if getattr(cfg, "precision", None) == "fp16" and device.type != "cuda":
+        raise ConfigError(
+            f"precision = 'fp16' needs a CUDA device, but this job runs on {device.type}: "
+            "expected bf16 or fp32 (or auto) on a CPU"
+        )
+
+
 def _init_model(args, config_class, train_tokenizer, build, what: str) -> None:
     """A tokenizer trained on the corpus and a random model of the configured size."""
-    from fid.config import load_config
     from fid.corpus import corpus_texts
     from fid.fileio import atomic_directory
 
-    cfg = load_config(args.config, config_class)
+    cfg = _load_config(args, config_class)
     texts = list(corpus_texts(args.corpus))
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
     model = build(cfg, vocab_size=len(tokenizer))
@@ -62,10 +86,13 @@ def cmd_init_reader(args) -> None:
 
 
 def cmd_train_reader(args) -> None:
-    from fid.config import ReaderTrainConfig, load_config
+    from fid.config import ReaderTrainConfig
+    from fid.model_folder import check_reader
     from fid.training.reader import train_reader
 
-    cfg = load_config(args.config, ReaderTrainConfig)
+    cfg = _load_config(args, ReaderTrainConfig)
+    _check_precision(cfg, args.device)
+    check_reader(args.init_model)
     result = train_reader(
         cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, args.device
     )
@@ -73,18 +100,24 @@ def cmd_train_reader(args) -> None:
 
 
 def cmd_eval_reader(args) -> None:
-    from fid.config import EvalReaderConfig, load_config
+    from fid.config import EvalReaderConfig
     from fid.inference import evaluate_reader
+    from fid.model_folder import check_reader
 
-    cfg = load_config(args.config, EvalReaderConfig)
+    cfg = _load_config(args, EvalReaderConfig)
+    _check_precision(cfg, args.device)
+    check_reader(args.model)
     evaluate_reader(cfg, args.model, args.questions, args.predictions, args.metrics, args.device)
 
 
 def cmd_score_passages(args) -> None:
-    from fid.config import ScorePassagesConfig, load_config
+    from fid.config import ScorePassagesConfig
     from fid.inference import score_question_file
+    from fid.model_folder import check_reader
 
-    cfg = load_config(args.config, ScorePassagesConfig)
+    cfg = _load_config(args, ScorePassagesConfig)
+    _check_precision(cfg, args.device)
+    check_reader(args.model)
     score_question_file(cfg, args.model, args.questions, args.output, args.device)
 
 
@@ -102,10 +135,13 @@ def cmd_init_retriever(args) -> None:
 
 
 def cmd_train_retriever(args) -> None:
-    from fid.config import RetrieverTrainConfig, load_config
+    from fid.config import RetrieverTrainConfig
+    from fid.model_folder import check_retriever
     from fid.training.retriever import train_retriever
 
-    cfg = load_config(args.config, RetrieverTrainConfig)
+    cfg = _load_config(args, RetrieverTrainConfig)
+    _check_precision(cfg, args.device)
+    check_retriever(args.init_model)
     result = train_retriever(
         cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, args.device
     )
@@ -114,18 +150,16 @@ def cmd_train_retriever(args) -> None:
 
 def cmd_build_bm25(args) -> None:
     from fid.bm25 import BM25Config, build_bm25_index
-    from fid.config import load_config
 
-    build_bm25_index(args.passages, args.output, load_config(args.config, BM25Config))
+    build_bm25_index(args.passages, args.output, _load_config(args, BM25Config))
 
 
 def cmd_retrieve_bm25(args) -> None:
     from fid.bm25 import BM25Config, retrieve_bm25
-    from fid.config import load_config
     from fid.fileio import atomic_write_json
     from fid.questions import load_questions
 
-    cfg = load_config(args.config, BM25Config)
+    cfg = _load_config(args, BM25Config)
     questions = load_questions(args.questions)
     records = retrieve_bm25(args.index, args.passages, questions, cfg)
     atomic_write_json(args.output, records)
@@ -135,20 +169,22 @@ def cmd_retrieve_bm25(args) -> None:
 
 
 def _load_retriever(model: Path, question_max_tokens: int, passage_max_tokens: int, device):
+    from fid.model_folder import check_retriever
     from fid.retriever import DualEncoder, RetrieverTokenizer
 
+    check_retriever(model)
     retriever, tokenizer = DualEncoder.from_pretrained(model)
     retriever.to(device).eval()
     return retriever, RetrieverTokenizer(tokenizer, question_max_tokens, passage_max_tokens)
 
 
 def cmd_embed_passages(args) -> None:
-    from fid.config import EmbedPassagesConfig, load_config
+    from fid.config import EmbedPassagesConfig
     from fid.dense import embed_passages
     from fid.index import save_embedding_shard
     from fid.passages import iter_passages, passage_shard_bounds
 
-    cfg = load_config(args.config, EmbedPassagesConfig)
+    cfg = _load_config(args, EmbedPassagesConfig)
     start, end = passage_shard_bounds(args.passages, args.shard, args.n_shards)
     device = args.device
     retriever, encode = _load_retriever(args.model, 8, cfg.passage_max_tokens, device)
@@ -162,10 +198,9 @@ def cmd_embed_passages(args) -> None:
 
 
 def cmd_build_index(args) -> None:
-    from fid.config import load_config
     from fid.index import IndexConfig, PassageIndex, load_embedding_shards
 
-    cfg = load_config(args.config, IndexConfig)
+    cfg = _load_config(args, IndexConfig)
     embeddings, ids, meta = load_embedding_shards(args.shards)
     index = PassageIndex.build(embeddings, ids, cfg, model=meta["model"])
     index.save(args.output)
@@ -174,13 +209,13 @@ def cmd_build_index(args) -> None:
 
 def cmd_retrieve(args) -> None:
     from fid import distributed
-    from fid.config import RetrieveConfig, load_config
+    from fid.config import RetrieveConfig
     from fid.dense import retrieve
     from fid.fileio import atomic_write_json
     from fid.index import PassageIndex
     from fid.questions import load_questions
 
-    cfg = load_config(args.config, RetrieveConfig)
+    cfg = _load_config(args, RetrieveConfig)
     questions = load_questions(args.questions)
     device = args.device
     retriever, encode = _load_retriever(args.model, cfg.question_max_tokens, 8, device)
@@ -194,12 +229,12 @@ def cmd_retrieve(args) -> None:
 
 
 def cmd_eval_retrieval(args) -> None:
-    from fid.config import EvalRetrievalConfig, load_config
+    from fid.config import EvalRetrievalConfig
     from fid.data import load_examples
     from fid.evaluation import retrieval_accuracy
     from fid.fileio import atomic_write_json
 
-    cfg = load_config(args.config, EvalRetrievalConfig)
+    cfg = _load_config(args, EvalRetrievalConfig)
     examples = load_examples(args.questions)
     metrics = retrieval_accuracy(
         [e.answers for e in examples],
@@ -217,19 +252,17 @@ def cmd_eval_retrieval(args) -> None:
 
 
 def cmd_make_demo_data(args) -> None:
-    from fid.config import load_config
     from fid.demo_data import DemoDataConfig, write_demo_data
 
-    cfg = load_config(args.config, DemoDataConfig)
+    cfg = _load_config(args, DemoDataConfig)
     write_demo_data(cfg, args.output)
 
 
 def cmd_download(args) -> None:
-    from fid.config import load_config
     from fid.download import DownloadConfig, download_file
     from fid.fileio import atomic_write_json
 
-    cfg = load_config(args.config, DownloadConfig)
+    cfg = _load_config(args, DownloadConfig)
     record = download_file(args.url, args.output, args.checksum, cfg)
     if args.record is not None:
         atomic_write_json(args.record, {**record, "expected": args.checksum})
@@ -242,16 +275,16 @@ def cmd_extract(args) -> None:
 
 
 def cmd_prepare_questions(args) -> None:
-    from fid.config import load_config
     from fid.prepare import PrepareQuestionsConfig, prepare_questions
 
-    cfg = load_config(args.config, PrepareQuestionsConfig)
+    cfg = _load_config(args, PrepareQuestionsConfig)
     prepare_questions(args.input, args.output, cfg, args.index)
 
 
 def cmd_eval_baseline(args) -> None:
     from collections import Counter
 
+    from fid.data import DataError
     from fid.evaluation import answer_metrics
     from fid.fileio import atomic_write_json
     from fid.questions import load_questions
@@ -259,7 +292,7 @@ def cmd_eval_baseline(args) -> None:
     # The answer given most often in training (its first gold answer), for every question.
     counts = Counter(q["answers"][0] for q in load_questions(args.train) if q["answers"])
     if not counts:
-        raise ValueError(f"{args.train}: no training question has an answer")
+        raise DataError(f"{args.train}: no training question has an answer")
     answer, count = counts.most_common(1)[0]
     questions = load_questions(args.questions)
     metrics = answer_metrics([answer] * len(questions), [q["answers"] for q in questions])
@@ -270,10 +303,9 @@ def cmd_eval_baseline(args) -> None:
 
 
 def cmd_make_reader_lists(args) -> None:
-    from fid.config import load_config
     from fid.prepare import ReaderListsConfig, make_reader_lists
 
-    cfg = load_config(args.config, ReaderListsConfig)
+    cfg = _load_config(args, ReaderListsConfig)
     make_reader_lists(args.retrieved, args.questions, args.passages, args.output, cfg)
 
 
@@ -419,8 +451,6 @@ def command() -> None:
 def _run(args: argparse.Namespace) -> int:
     """Runs one parsed command: its exit status (EXIT_ERROR on bad input, EXIT_PREEMPTED)."""
     from fid import distributed
-    from fid.config import ConfigError
-    from fid.data import DataError
     from fid.logs import setup_logging
     from fid.training.loop import Preempted
 
@@ -446,15 +476,65 @@ def _run(args: argparse.Namespace) -> int:
         STOP_SIGNALS.ignore()
         _requeue_if_asked()
         return EXIT_PREEMPTED
-    except (ConfigError, DataError, FileNotFoundError) as error:
-        logger.error("%s", error)
-        return EXIT_ERROR
-    except (OSError, ValueError, RuntimeError) as error:
-        logger.error("%s: %s", type(error).__name__, error)
+    except Exception as error:  # the command's end: every error gets its message and status
+        if _is_input_error(error):
+            logger.error("%s", _input_error_message(error, args))
+        else:
+            logger.error("%s: %s", type(error).__name__, error, exc_info=error)
+            logger.error(
+                "this is a bug in fid (no input check explains the error above): please report "
+                "it with the command line and this traceback"
+            )
         return EXIT_ERROR
     finally:
         distributed.cleanup()
     return 0
+
+
+# Flags that name what a command writes (for errors that do not name the file, like ENOSPC).
+OUTPUT_FLAGS = ("output", "predictions", "metrics", "record", "state_dir")
+# OSErrors that a user fixes: a path that is missing or of the wrong kind, no permission, no space.
+_INPUT_OS_ERRORS = (
+    FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
+)  # fmt: skip
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def _is_input_error(error: BaseException) -> bool:
+    """Whether an error is the input's fault (one line, exit 1) rather than a bug in fid.
+
+    Every exception class fid defines (DataError, ConfigError, CheckpointError, ... all subclass
+    `fid.errors.InputError` or come from an input check) is an input error; so are missing or
+    unwritable paths, a full disk and running out of GPU memory.
+    """
+    module = type(error).__module__
+    if module == "fid" or module.startswith("fid."):
+        return True
+    if isinstance(error, _INPUT_OS_ERRORS):
+        return True
+    if isinstance(error, OSError) and error.errno in _NO_SPACE:
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(error, torch.OutOfMemoryError)
+
+
+def _input_error_message(error: BaseException, args: argparse.Namespace) -> str:
+    """One line that names the file (OSErrors raised by writes often carry no file name)."""
+    if not isinstance(error, OSError):
+        if type(error).__module__.startswith("fid"):
+            return str(error)
+        return f"{type(error).__name__}: {error}. Hint: lower the batch size or passage count"
+    if error.strerror is None:
+        return str(error)
+    outputs = [str(value) for flag in OUTPUT_FLAGS if (value := getattr(args, flag, None))]
+    where = error.filename or ", ".join(outputs) or "the outputs"
+    message = f"{where}: {error.strerror}"
+    if error.errno in _NO_SPACE:
+        message += (
+            f" (writing {', '.join(outputs)}: nothing is left under their final names). "
+            "Hint: free space there and run the command again"
+        )
+    return message
 
 
 def _requeue_if_asked() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
 
+from fid.errors import InputError
 from fid.fileio import atomic_directory
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ CROSS_ATTENTION_BIAS = "decoder.block.0.layer.1.EncDecAttention.relative_attenti
 TIED_KEYS = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint does not have the layout of a released FiD reader."""
 
 

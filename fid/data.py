@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
+from fid.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """A data file is missing or does not hold what the format promises."""
 
 
