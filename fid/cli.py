@@ -260,12 +260,9 @@ def cmd_make_demo_data(args) -> None:
 
 def cmd_download(args) -> None:
     from fid.download import DownloadConfig, download_file
-    from fid.fileio import atomic_write_json
 
     cfg = _load_config(args, DownloadConfig)
-    record = download_file(args.url, args.output, args.checksum, cfg)
-    if args.record is not None:
-        atomic_write_json(args.record, {**record, "expected": args.checksum})
+    download_file(args.url, args.output, args.checksum, cfg, record_path=args.record)
 
 
 def cmd_extract(args) -> None:

@@ -23,12 +23,13 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from fid.config import ConfigError
 from fid.data import DataError
-from fid.fileio import atomic_path
+from fid.fileio import atomic_path, atomic_paths, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,11 @@ def _fetch(url: str, part: Path, cfg: DownloadConfig) -> None:
 
 
 def download_file(
-    url: str, output: str | Path, checksum: str | None, cfg: DownloadConfig | None = None
+    url: str,
+    output: str | Path,
+    checksum: str | None,
+    cfg: DownloadConfig | None = None,
+    record_path: str | Path | None = None,
 ) -> dict[str, str | int]:
     """Downloads `url` to `output` (resumable, verified, atomic).
 
@@ -150,6 +155,8 @@ def download_file(
         checksum: `"sha256:<hex>"`, `"md5:<hex>"` or None (then nothing is verified, and the
             returned digests are the record to pin).
         cfg: retry and timeout knobs.
+        record_path: a json file to write with the returned record and the expected checksum;
+            it appears together with `output` or not at all.
 
     Returns:
         {"url", "bytes", "md5", "sha256"} of the downloaded file.
@@ -196,11 +203,16 @@ def download_file(
             "file changed or the transfer was corrupted; run again, or check the checksum."
         )
     size = part.stat().st_size
-    part.replace(output)
+    record = {"url": url, "bytes": size, **digests}
+    outputs = [output] if record_path is None else [output, Path(record_path)]
+    with atomic_paths(*outputs) as tmps:
+        if record_path is not None:
+            atomic_write_json(tmps[1], {**record, "expected": checksum})
+        part.replace(tmps[0])  # last: a failure before it keeps the bytes in `part`
     verdict = f"verified {expected[0]}" if expected else "NOT verified (no checksum given)"
     logger.info("downloaded %s (%d bytes, sha256 %s, %s) to %s",
                 url, size, digests["sha256"], verdict, output)  # fmt: skip
-    return {"url": url, "bytes": size, **digests}
+    return record
 
 
 def _find_member(archive: tarfile.TarFile, member: str, path: Path) -> tarfile.TarInfo:
@@ -216,6 +228,9 @@ def _find_member(archive: tarfile.TarFile, member: str, path: Path) -> tarfile.T
     names = ", ".join(m.name for m in members[:20])
     found = "several members of that name" if by_name else "no such member"
     raise DataError(f"{path}: {found} {member!r}; the archive holds: {names}")
+
+
+_TRUNCATED_HINT = "Hint: download it again (with a checksum, so that the copy is verified)"
 
 
 def extract_file(archive: str | Path, output: str | Path, member: str | None = None) -> None:
@@ -242,11 +257,20 @@ def extract_file(archive: str | Path, output: str | Path, member: str | None = N
                     shutil.copyfileobj(source, out, _HASH_CHUNK)
             except gzip.BadGzipFile as error:
                 raise DataError(f"{archive}: not a gzip file ({error})") from None
+            except (EOFError, zlib.error) as error:
+                raise DataError(
+                    f"{archive}: the archive ends early or is corrupted ({error}). {_TRUNCATED_HINT}"
+                ) from None
         else:
             if not tarfile.is_tarfile(archive):
                 raise DataError(f"{archive}: not a tar archive, so it has no member {member!r}")
-            with tarfile.open(archive) as tar:
-                info = _find_member(tar, member, archive)
-                with tar.extractfile(info) as source, open(tmp, "wb") as out:
-                    shutil.copyfileobj(source, out, _HASH_CHUNK)
+            try:
+                with tarfile.open(archive) as tar:
+                    info = _find_member(tar, member, archive)
+                    with tar.extractfile(info) as source, open(tmp, "wb") as out:
+                        shutil.copyfileobj(source, out, _HASH_CHUNK)
+            except (tarfile.TarError, EOFError, zlib.error) as error:
+                raise DataError(
+                    f"{archive}: the archive ends early or is corrupted ({error}). {_TRUNCATED_HINT}"
+                ) from None
     logger.info("extracted %s%s to %s", archive, f" [{member}]" if member else "", output)

@@ -8,6 +8,7 @@ renamed. A crash (or SIGKILL) at any point leaves no half-written output under t
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -104,3 +105,45 @@ def recover_directory(path: str | Path) -> None:
     old = path.with_name(f".{path.name}.old")
     if not path.exists() and old.exists():
         os.replace(old, path)
+
+
+@contextlib.contextmanager
+def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
+    """Yields one temporary path per output; they replace `paths` together when the block
+    ends without error, so that the outputs of one command appear together or not at all.
+
+    Every temporary is written (and flushed) before the first is moved into place; a folder in
+    the way of an output fails before anything is written. Should a move still fail, the
+    outputs already moved are removed again.
+    """
+    paths = [Path(path) for path in paths]
+    tmps: list[Path] = []
+    try:
+        for path in paths:
+            if path.is_dir():
+                raise IsADirectoryError(
+                    errno.EISDIR, "a folder is in the way of this output", str(path)
+                )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            tmps.append(Path(tmp))
+            os.chmod(tmp, _default_mode(directory=False))
+        yield list(tmps)
+        for tmp in tmps:
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+        moved: list[Path] = []
+        try:
+            for tmp, path in zip(tmps, paths, strict=True):
+                os.replace(tmp, path)
+                moved.append(path)
+        except BaseException:
+            for path in moved:
+                path.unlink(missing_ok=True)
+            raise
+        for parent in dict.fromkeys(path.parent for path in paths):
+            _fsync_dir(parent)
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from fid import distributed
 from fid.data import Example, ReaderCollator, load_examples
 from fid.evaluation import answer_metrics, exact_match, f1_score
-from fid.fileio import atomic_write_json, atomic_write_jsonl
+from fid.fileio import atomic_paths, atomic_write_json, atomic_write_jsonl
 from fid.reader import FiDReader
 
 logger = logging.getLogger(__name__)
@@ -154,8 +154,10 @@ def evaluate_reader(
     metrics = answer_metrics(predictions, [example.answers for example in examples])
     metrics["n_questions"] = len(examples)
     if distributed.is_main():
-        atomic_write_jsonl(predictions_path, prediction_records(examples, predictions))
-        atomic_write_json(metrics_path, metrics)
+        # Both files or neither: a metrics write that fails leaves no predictions behind.
+        with atomic_paths(predictions_path, metrics_path) as (predictions_tmp, metrics_tmp):
+            atomic_write_jsonl(predictions_tmp, prediction_records(examples, predictions))
+            atomic_write_json(metrics_tmp, metrics)
     if metrics["n_scored"] == 0:
         logger.warning("no question has gold answers: wrote predictions only, no metric")
     else:
