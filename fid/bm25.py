@@ -39,6 +39,7 @@ from bm25s.tokenization import Tokenizer
 from fid.config import ConfigError
 from fid.data import DataError
 from fid.fileio import atomic_directory, atomic_write_json
+from fid.logs import progress
 from fid.passages import Passage, check_unique_ids, iter_passages
 from fid.ranking import retrieval_records
 
@@ -144,11 +145,11 @@ def _tokenize_corpus(passages_path: Path, tokenizer: Tokenizer) -> tuple[_FlatDo
     offsets = array.array("q", [0])
 
     def texts() -> Iterator[str]:
-        for passage in iter_passages(passages_path):
-            ids.append(passage.id)
-            yield f"{passage.title} {passage.text}"
-            if len(ids) % 1_000_000 == 0:
-                logger.info("tokenized %d passages", len(ids))
+        with progress(desc="tokenize", unit="passages", log=logger) as bar:
+            for passage in iter_passages(passages_path):
+                ids.append(passage.id)
+                yield f"{passage.title} {passage.text}"
+                bar.update()
 
     # allow_empty: a passage left with no tokens (all stopwords) gets bm25s's empty token, so
     # document numbers stay aligned with the file's rows.
@@ -276,9 +277,12 @@ def _fetch_passages(passages_path: Path, ids: np.ndarray, needed: set[int]) -> d
     found: dict[int, Passage] = {}
     last = max(needed, default=-1)
     row = -1
+    bar = progress(desc="fetch passages", unit="rows", total=last + 1, log=logger)
     for row, passage in enumerate(iter_passages(passages_path)):
         if row > last:
             break
+        if row % 10_000 == 9_999:  # an update per row would add ~7% to the read
+            bar.update(10_000)
         if row >= len(ids) or passage.id != ids[row]:
             expected = str(ids[row]) if row < len(ids) else "no passage (the index is shorter)"
             raise DataError(
@@ -288,6 +292,8 @@ def _fetch_passages(passages_path: Path, ids: np.ndarray, needed: set[int]) -> d
             )
         if row in needed:
             found[row] = passage
+    bar.update(min(row, last) + 1 - bar.n)
+    bar.close()
     if len(found) < len(needed):
         raise DataError(
             f"{passages_path}: ends after {row + 1} passages, but the BM25 index has {len(ids)}. "
@@ -338,13 +344,15 @@ def retrieve_bm25(
 
     rows: list[np.ndarray] = []  # (Q, k) passage row numbers, best first
     scores: list[np.ndarray] = []  # (Q, k)
+    bar = progress(desc="BM25 search", unit="questions", total=len(questions), log=logger)
     for start in range(0, len(questions), cfg.batch_size):
         batch = questions[start : start + cfg.batch_size]
         tokens = _query_tokens([q["question"] for q in batch], meta)
         result = retriever.retrieve(tokens, k=k, sorted=True, show_progress=False)
         rows.extend(result.documents)
         scores.extend(result.scores)
-        logger.info("BM25: searched %d / %d questions", start + len(batch), len(questions))
+        bar.update(len(batch))
+    bar.close()
     searched = time.perf_counter()
 
     passages = _fetch_passages(passages_path, ids, {int(r) for rs in rows for r in rs})

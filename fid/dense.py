@@ -9,17 +9,16 @@ faiss index and writes FiD-format records with `has_answer`.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterator, Sequence
 from itertools import islice
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from fid import distributed
 from fid.config import EmbedPassagesConfig, RetrieveConfig
 from fid.index import PassageIndex
+from fid.logs import progress
 from fid.passages import Passage, fetch_passages
 from fid.ranking import retrieval_records
 from fid.retriever import DualEncoder, RetrieverTokenizer
@@ -50,14 +49,14 @@ def embed_passages(
         passages: the passages of one shard.
         cfg: batch size, chunking for length sorting, precision.
         device: where the model is.
-        total: passage count for the progress bar, when known.
+        total: passage count for the progress log (its percentage and ETA), when known.
 
     Returns:
         (n, D) float16 embeddings and the n passage ids.
     """
     model.eval()
     parts, ids = [], []
-    bar = tqdm(total=total, desc="embed", unit="passage", disable=not sys.stderr.isatty())
+    bar = progress(desc="embed", unit="passages", total=total, log=logger)
     amp = autocast(device, cfg.precision)
     for chunk in _chunks(iter(passages), cfg.sort_chunk):
         titles = [p.title for p in chunk]
@@ -106,11 +105,13 @@ def encode_questions(
     model.eval()
     mine = [questions[i] for i in distributed.shard_indices(len(questions))]
     out = np.empty((len(mine), model.dim), dtype=np.float32)
-    with autocast(device, precision):
+    bar = progress(desc="encode questions", unit="questions", total=len(mine), log=logger)
+    with autocast(device, precision), bar:
         for start in range(0, len(mine), batch_size):
             batch = encode.questions(list(mine[start : start + batch_size])).to(device)
             vectors = model.encode_questions(batch["input_ids"], batch["attention_mask"])
             out[start : start + len(vectors)] = vectors.float().cpu().numpy()
+            bar.update(len(vectors))
     rows = distributed.gather_in_order(len(questions), list(out))
     return np.stack(rows) if rows else np.empty((0, model.dim), dtype=np.float32)
 

@@ -7,10 +7,13 @@ against every gold answer and the best score counts.
 
 from __future__ import annotations
 
+import logging
 import re
 import string
 from collections import Counter
 from collections.abc import Sequence
+
+logger = logging.getLogger(__name__)
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
@@ -111,9 +114,14 @@ def retrieval_accuracy(
         {"accuracy": {"k": percent or None}, "n_scored", "n_unlabeled"}.
     """
     from fid.has_answer import AnswerMatcher
+    from fid.logs import progress
 
     hits = []
-    for gold, ranked in zip(answers, ctxs, strict=True):
+    pairs = progress(
+        zip(answers, ctxs, strict=True), desc="has-answer", unit="questions", total=len(answers),
+        log=logger,
+    )  # fmt: skip
+    for gold, ranked in pairs:
         if not gold:
             continue
         matcher = AnswerMatcher(gold, mode)

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from fid import distributed
 from fid.data import Example, ReaderCollator, load_examples
 from fid.evaluation import answer_metrics, exact_match, f1_score
 from fid.fileio import atomic_paths, atomic_write_json, atomic_write_jsonl
+from fid.logs import progress
 from fid.reader import FiDReader
 
 logger = logging.getLogger(__name__)
@@ -34,8 +33,12 @@ def _length_sorted_batches(
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def _progress(batches: list, desc: str) -> Iterator:
-    return iter(tqdm(batches, desc=desc, unit="batch", disable=not sys.stderr.isatty()))
+def _progress(batches: list[list[int]], desc: str) -> Iterator[list[int]]:
+    """The batches, with their questions counted in the progress log."""
+    with progress(desc=desc, unit="questions", total=sum(map(len, batches)), log=logger) as bar:
+        for batch in batches:
+            yield batch
+            bar.update(len(batch))
 
 
 def generate_answers(

@@ -7,10 +7,14 @@ than the search itself at 100 passages per question.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Mapping, Sequence
 
 from fid.has_answer import AnswerMatcher, tokenize
+from fid.logs import progress
 from fid.passages import Passage
+
+logger = logging.getLogger(__name__)
 
 
 def has_answer_flags(
@@ -33,7 +37,7 @@ def has_answer_flags(
     matchers = [AnswerMatcher(gold, mode) if gold else None for gold in answers]
     flags = [[False] * len(keys) for keys in ranked]
     if mode != "string":
-        for q, keys in enumerate(ranked):
+        for q, keys in enumerate(progress(ranked, desc="has-answer", unit="questions", log=logger)):
             if matchers[q] is not None:
                 flags[q] = [matchers[q].matches(texts[key]) for key in keys]
         return flags
@@ -42,7 +46,7 @@ def has_answer_flags(
         if matchers[q] is not None:
             for rank, key in enumerate(keys):
                 readers.setdefault(key, []).append((q, rank))
-    for key, refs in readers.items():
+    for key, refs in progress(readers.items(), desc="has-answer", unit="passages", log=logger):
         tokens = tokenize(texts[key])
         for q, rank in refs:
             flags[q][rank] = matchers[q].matches_tokens(tokens)
