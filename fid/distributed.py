@@ -231,3 +231,25 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     tensor = torch.tensor([int(flag)], device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item())
+
+
+def broadcast_object(value: T) -> T:
+    """Rank 0's `value` on every rank (picklable objects; `value` itself without a group).
+
+    For decisions that every rank must take alike because the branch they choose holds
+    collectives: one rank deciding differently from its own numbers would hang the others.
+    """
+    if not dist.is_initialized():
+        return value
+    box: list[Any] = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def main_rank_flag(flag: bool, device: torch.device) -> bool:
+    """Rank 0's `flag` on every rank: one small tensor broadcast, cheap enough for every step."""
+    if not dist.is_initialized():
+        return flag
+    tensor = torch.tensor([int(flag)], device=device)
+    dist.broadcast(tensor, src=0)
+    return bool(tensor.item())
