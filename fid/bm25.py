@@ -57,7 +57,7 @@ _IDS = "passage_ids.npy"
 
 @dataclass(frozen=True)
 class BM25Config:
-    """`fid build-bm25-index` / `fid retrieve-bm25`: BM25 scoring and search knobs.
+    """`fid build-bm25` / `fid retrieve-bm25`: BM25 scoring and search knobs.
 
     Attributes:
         k1: term-frequency saturation (built into the index).
@@ -235,7 +235,7 @@ def _load_meta(index_dir: Path) -> dict:
     if not path.is_file():
         raise DataError(
             f"{index_dir}: not a BM25 index ({_META} not found). Hint: build it first with "
-            "build_bm25_index (fid build-bm25-index)."
+            "`fid build-bm25 --passages PASSAGES.tsv --output INDEX_FOLDER`."
         )
     meta = json.loads(path.read_text(encoding="utf-8"))
     if meta.get("format") != INDEX_FORMAT:

@@ -14,7 +14,9 @@ question by the same constant; at later steps it touched only the first few enco
 
 from __future__ import annotations
 
+import json
 import logging
+import pickle
 from pathlib import Path
 
 import torch
@@ -60,6 +62,33 @@ def convert_reader_state_dict(
     return converted, dropped
 
 
+def _load_state_dict(weights: Path) -> dict[str, torch.Tensor]:
+    """The released state dict (a plain dict of tensors, possibly under "model")."""
+    try:
+        # weights_only: a plain dict of tensors needs no pickle code execution.
+        state_dict = torch.load(weights, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError) as error:
+        # UnpicklingError: not a checkpoint, or one whose unpickling runs code; RuntimeError:
+        # torch's zip reader on a truncated or corrupted file.
+        detail = str(error).strip().split("\n")[0].split(". ")[0][:200]
+        raise CheckpointError(
+            f"{weights}: not a readable PyTorch checkpoint of tensors ({type(error).__name__}: "
+            f"{detail}). Hint: download it again; it must be the state dict of a released FiD "
+            "reader"
+        ) from None
+    if isinstance(state_dict, dict) and isinstance(state_dict.get("model"), dict):
+        state_dict = state_dict["model"]
+    if not isinstance(state_dict, dict) or not all(
+        isinstance(key, str) and isinstance(value, torch.Tensor)
+        for key, value in state_dict.items()
+    ):
+        raise CheckpointError(
+            f"{weights}: expected a state dict (names to tensors), found a "
+            f"{type(state_dict).__name__}"
+        )
+    return state_dict
+
+
 def convert_reader_checkpoint(
     checkpoint: str | Path, output: str | Path, tokenizer: str | None = None
 ) -> None:
@@ -73,7 +102,8 @@ def convert_reader_checkpoint(
             t5-base's or t5-large's); without one, give `fid` a model folder that has it.
 
     Raises:
-        CheckpointError: for keys that are missing or left over after the mapping.
+        CheckpointError: for an unreadable file, or keys that are missing or left over after
+            the mapping.
     """
     checkpoint = Path(checkpoint)
     weights = checkpoint / "pytorch_model.bin" if checkpoint.is_dir() else checkpoint
@@ -81,13 +111,13 @@ def convert_reader_checkpoint(
     for path in (weights, config_file):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: not found (a released reader folder holds both)")
-    # weights_only: a plain dict of tensors needs no pickle code execution.
-    state_dict = torch.load(weights, map_location="cpu", weights_only=True)
-    if "model" in state_dict and isinstance(state_dict["model"], dict):
-        state_dict = state_dict["model"]
+    state_dict = _load_state_dict(weights)
     converted, dropped = convert_reader_state_dict(state_dict)
-
-    model = T5ForConditionalGeneration(T5Config.from_json_file(config_file))
+    try:
+        config = T5Config.from_json_file(config_file)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{config_file}: not a JSON model config ({error})") from None
+    model = T5ForConditionalGeneration(config)
     missing, unexpected = model.load_state_dict(converted, strict=False)
     missing = sorted(set(missing) - TIED_KEYS)
     if missing or unexpected:

@@ -11,6 +11,15 @@ from fid.data import DataError, load_examples
 
 
 def _passage_tsv_texts(path: Path) -> Iterator[str]:
+    try:
+        yield from _passage_tsv_rows(path)
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{path}: not UTF-8 text ({error.reason}): expected a DPR passage TSV"
+        ) from None
+
+
+def _passage_tsv_rows(path: Path) -> Iterator[str]:
     csv.field_size_limit(sys.maxsize)
     with open(path, newline="", encoding="utf-8") as handle:
         rows = csv.reader(handle, delimiter="\t")

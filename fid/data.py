@@ -48,11 +48,21 @@ class Example:
     record: dict[str, Any]
 
 
+def read_utf8(path: Path, expected: str) -> str:
+    """The text of a file, or a DataError naming it (and the byte) when it is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{path}: not UTF-8 text ({error.reason} at byte {error.start}): expected {expected}"
+        ) from None
+
+
 def _read_records(path: Path) -> list[tuple[str, Any]]:
     """Reads a json list or a jsonl file into (location, record) pairs."""
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path, "a FiD-format question file (json or jsonl)")
     if text.lstrip().startswith("["):
         try:
             records = json.loads(text)
@@ -104,10 +114,12 @@ def load_examples(path: str | Path, require_answers: bool = False) -> list[Examp
         The examples in file order.
 
     Raises:
-        DataError: naming the file, the record (and line) and the field that is wrong.
+        DataError: naming the file, the record (and line) and the field that is wrong, or both
+            records of an id that occurs twice.
     """
     path = Path(path)
     examples = []
+    first_seen: dict[str, str] = {}  # id -> the location of its record
     for position, (location, record) in enumerate(_read_records(path)):
         where = f"{path}: {location}"
         if not isinstance(record, dict):
@@ -138,9 +150,17 @@ def load_examples(path: str | Path, require_answers: bool = False) -> list[Examp
                 "Hint: run a retrieval step first, or give each question its passages."
             )
         ctxs = [_check_ctx(ctx, where, i) for i, ctx in enumerate(ctxs)]
+        id_ = str(record.get("id", position))
+        if id_ in first_seen:
+            # Outputs (predictions, scores, distillation targets) are keyed by question id.
+            raise DataError(
+                f"{path}: {location}: duplicate question id {id_!r} (first in "
+                f"{first_seen[id_]}); ids must be unique"
+            )
+        first_seen[id_] = location
         examples.append(
             Example(
-                id=str(record.get("id", position)),
+                id=id_,
                 question=question,
                 answers=list(answers),
                 target=target,

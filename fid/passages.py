@@ -25,10 +25,13 @@ from pathlib import Path
 from typing import NoReturn
 
 from fid.data import DataError
+from fid.errors import InputError
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("id", "text", "title")
+# Passages of fewer words (DPR-style chunk tails) are kept, counted and reported in the log.
+SHORT_PASSAGE_WORDS = 5
 _READ_CHUNK_BYTES = 1 << 24
 
 # Wikipedia passages are far below the csv module's default 128 KiB field limit, but other
@@ -146,11 +149,13 @@ def _iter_rows(path: Path, start: int, end: int | None) -> Iterator[tuple[int, P
                 yield text
 
         reader = csv.reader(lines(), delimiter="\t")
+        n_short, first_short = 0, ""  # passages of fewer than SHORT_PASSAGE_WORDS words
         while True:
             row_start = consumed  # the lines of earlier rows; this row starts on the next one
             try:
                 row = next(reader)
             except StopIteration:
+                _log_short_passages(path, n_short, first_short)
                 return
             except csv.Error as error:
                 raise DataError(f"{path}: line {line_number(row_start)}: {error}") from None
@@ -158,7 +163,20 @@ def _iter_rows(path: Path, start: int, end: int | None) -> Iterator[tuple[int, P
                 continue  # a blank line (e.g. a trailing one) holds no passage
             if len(row) != n_columns or not row[id_col].strip() or not row[text_col].strip():
                 _raise_row_error(row, header, f"{path}: line {line_number(row_start)}")
+            # split stops after a few words: no cost on long texts
+            if len(row[text_col].split(maxsplit=SHORT_PASSAGE_WORDS - 1)) < SHORT_PASSAGE_WORDS:
+                n_short += 1
+                first_short = first_short or row[id_col]
             yield row_start, Passage(id=row[id_col], title=row[title_col], text=row[text_col])
+
+
+def _log_short_passages(path: Path, n_short: int, first_id: str) -> None:
+    if n_short:
+        logger.warning(
+            "%s: %d passages have fewer than %d words (e.g. id %r): kept, but they hold little "
+            "to retrieve or read (DPR-style chunk tails?)",
+            path, n_short, SHORT_PASSAGE_WORDS, first_id,
+        )  # fmt: skip
 
 
 def _raise_row_error(row: list[str], header: _Header, where: str) -> NoReturn:
@@ -213,13 +231,13 @@ def passage_shard_bounds(path: str | Path, shard: int, n_shards: int) -> tuple[i
         (start, end) byte offsets for `iter_passages(path, start, end)`.
 
     Raises:
-        ValueError: shard or n_shards out of range.
+        InputError: shard or n_shards out of range (a ValueError).
         DataError: a missing file or a bad header.
     """
     if isinstance(n_shards, bool) or not isinstance(n_shards, int) or n_shards < 1:
-        raise ValueError(f"n_shards must be an integer >= 1, got {n_shards!r}")
+        raise InputError(f"--n-shards must be an integer >= 1, got {n_shards!r}")
     if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n_shards:
-        raise ValueError(f"shard must be an integer in [0, {n_shards}), got {shard!r}")
+        raise InputError(f"--shard must be an integer in [0, {n_shards}), got {shard!r}")
     path = Path(path)
     header = _read_header(path)
     size = os.path.getsize(path)

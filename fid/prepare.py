@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fid.config import ConfigError
-from fid.data import DataError
+from fid.data import DataError, load_examples, read_utf8
 from fid.fileio import atomic_write_jsonl
 from fid.questions import load_questions
 
@@ -58,10 +58,10 @@ class PrepareQuestionsConfig:
 
 def _load_index(path: Path, n_records: int, source: Path) -> list[int]:
     """A json list of record positions (FiD's `*.idx.json`), each checked against the file."""
+    if not path.is_file():
+        raise DataError(f"{path}: index file not found")
     try:
-        positions = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{path}: index file not found") from None
+        positions = json.loads(read_utf8(path, "a JSON list of record positions"))
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: invalid JSON at line {error.lineno}: {error.msg}") from None
     if not isinstance(positions, list) or not all(
@@ -75,6 +75,27 @@ def _load_index(path: Path, n_records: int, source: Path) -> list[int]:
             "Hint: is this the index of another file?"
         )
     return positions
+
+
+def _drop_empty_answers(questions: list[dict], source: Path) -> None:
+    """Drops gold answers that normalise to the empty string ("." in SQuAD, "A+" in NQ-open):
+    an empty prediction would be an exact match of them. A question left with no answer is
+    unlabeled (kept without a metric, or dropped by `drop_unlabeled`)."""
+    from fid.evaluation import normalize_answer
+
+    dropped, emptied = [], 0
+    for question in questions:
+        kept = [answer for answer in question["answers"] if normalize_answer(answer)]
+        if len(kept) < len(question["answers"]):
+            dropped += [answer for answer in question["answers"] if not normalize_answer(answer)]
+            emptied += not kept
+            question["answers"] = kept
+    if dropped:
+        logger.warning(
+            "%s: dropped %d gold answers that normalise to the empty string (e.g. %r; an empty "
+            "prediction would match them); %d questions are left without an answer (unlabeled)",
+            source, len(dropped), dropped[0], emptied,
+        )  # fmt: skip
 
 
 def prepare_questions(
@@ -107,6 +128,7 @@ def prepare_questions(
         random.Random(cfg.shuffle_seed).shuffle(questions)
     n = len(questions)
     questions = questions[round(cfg.select_from * n) : round(cfg.select_to * n)]
+    _drop_empty_answers(questions, input_path)
     if cfg.drop_unlabeled:
         questions = [q for q in questions if q["answers"]]
     if cfg.max_questions is not None:
@@ -171,11 +193,25 @@ def make_reader_lists(
     from fid.fileio import atomic_write_json
     from fid.passages import fetch_passages
 
-    records = json.loads(Path(retrieved_path).read_text(encoding="utf-8"))
+    records = [{**example.record, "id": example.id} for example in load_examples(retrieved_path)]
+    for record in records:
+        if not all(isinstance(ctx.get("id"), str) for ctx in record["ctxs"]):
+            raise DataError(f"{retrieved_path}: question {record['id']!r}: every ctx needs an 'id'")
     gold = {}
-    for line_number, line in enumerate(Path(questions_path).read_text().splitlines(), 1):
+    text = read_utf8(Path(questions_path), "jsonl questions with gold_passage_id")
+    for line_number, line in enumerate(text.splitlines(), 1):
         if line.strip():
-            question = json.loads(line)
+            try:
+                question = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(
+                    f"{questions_path}: line {line_number}: invalid JSON at column "
+                    f"{error.colno}: {error.msg}"
+                ) from None
+            if not isinstance(question, dict) or "id" not in question:
+                raise DataError(
+                    f"{questions_path}: line {line_number}: expected an object with an 'id'"
+                )
             if not question.get("gold_passage_id"):
                 raise DataError(
                     f"{questions_path}: line {line_number}: no 'gold_passage_id'. Hint: gold "

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from fid.data import DataError
-from fid.passages import check_unique_ids
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +36,8 @@ EXPECTED_FORMATS = (
     "({Data: [{Question, QuestionId, Answer: {Aliases}}]})"
 )
 _JSON_SUFFIXES = (".json", ".jsonl")
+# Where a record was read ("FILE: line 3"), kept while loading for messages about two records.
+_WHERE = "_where"
 _TSV_SUFFIXES = (".tsv", ".csv")
 
 
@@ -55,7 +56,7 @@ def _dedupe(values: list[str]) -> list[str]:
 
 
 def _question_from_record(record: Any, where: str, default_id: str) -> dict:
-    """One NQ-open or FiD record as a question dict."""
+    """One NQ-open or FiD record as a question dict (with its location under `_WHERE`)."""
     if not isinstance(record, dict) or "question" not in record:
         found = (
             f"keys {sorted(record)[:10]}"
@@ -84,6 +85,7 @@ def _question_from_record(record: Any, where: str, default_id: str) -> dict:
         "id": default_id if id_ is None else str(id_),
         "question": question,
         "answers": answers,
+        _WHERE: where,
     }
 
 
@@ -112,6 +114,7 @@ def _load_triviaqa(path: Path, data: dict) -> list[dict]:
                 "id": f"{path.stem}-{index}" if question_id is None else str(question_id),
                 "question": item["Question"],
                 "answers": _dedupe(aliases),
+                _WHERE: where,
             }
         )
     return questions
@@ -209,8 +212,28 @@ def _load_qas_tsv(path: Path) -> list[dict]:
                 # The first row decides whether this is a qas file at all.
                 raise _unknown_format(path, location, f"{'<TAB>'.join(row)!r:.120}") from None
             index = len(questions)
-            questions.append({"id": f"{path.stem}-{index}", "question": row[0], "answers": answers})
+            questions.append(
+                {
+                    "id": f"{path.stem}-{index}",
+                    "question": row[0],
+                    "answers": answers,
+                    _WHERE: where,
+                }
+            )
     return questions
+
+
+def _check_unique_ids(questions: list[dict], path: Path) -> None:
+    """Drops the records' locations; raises DataError naming both records of a repeated id."""
+    first_seen: dict[str, str] = {}
+    for question in questions:
+        where = question.pop(_WHERE)
+        if question["id"] in first_seen:
+            raise DataError(
+                f"{where}: duplicate id {question['id']!r} (first in "
+                f"{first_seen[question['id']]}); question ids must be unique"
+            )
+        first_seen[question["id"]] = where.removeprefix(f"{path}: ")
 
 
 def load_questions(path: str | Path) -> list[dict]:
@@ -246,7 +269,7 @@ def load_questions(path: str | Path) -> list[dict]:
         questions = _load_qas_tsv(path)
     if not questions:
         raise _unknown_format(path, "line 1", "no question records")
-    check_unique_ids([q["id"] for q in questions], str(path))
+    _check_unique_ids(questions, path)
     n_unlabeled = sum(not q["answers"] for q in questions)
     logger.info(
         "loaded %d questions from %s (%d without answers)", len(questions), path, n_unlabeled
