@@ -70,6 +70,27 @@ def atomic_write_jsonl(path: str | Path, records: Iterable[Any]) -> None:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+def temporary_directory(path: str | Path) -> Path:
+    """A new empty folder beside `path`, to be renamed to it: `.NAME.XXXXXXXX.tmp`.
+
+    The name is unique (two runs never share one), and its shape is the one that a sweep of
+    orphans left by killed runs looks for.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, _default_mode(directory=True))
+    return tmp
+
+
+def fsync_files(folder: Path) -> None:
+    """Flushes every file under `folder` to disk (before the folder is renamed into place)."""
+    for file in folder.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Yields a temporary folder that replaces the folder `path` when the block succeeds.
@@ -79,15 +100,10 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     `recover_directory`).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    os.chmod(tmp, _default_mode(directory=True))
+    tmp = temporary_directory(path)
     try:
         yield tmp
-        for file in tmp.rglob("*"):
-            if file.is_file():
-                with open(file, "rb") as handle:
-                    os.fsync(handle.fileno())
+        fsync_files(tmp)
         old = path.with_name(f".{path.name}.old")
         if path.exists():
             shutil.rmtree(old, ignore_errors=True)

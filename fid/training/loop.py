@@ -28,15 +28,21 @@ from fid import distributed
 from fid.checkpoint import (
     SHARDED_DIR,
     TrainingProgress,
-    load_checkpoint,
+    load_newest_checkpoint,
     publish_checkpoint,
     rng_state,
     save_checkpoint,
-    step_checkpoints,
+    seal_shared_checkpoint,
     write_training_state,
 )
 from fid.config import ConfigError, TrainingConfig, config_to_dict
-from fid.fileio import atomic_directory, atomic_write_json, recover_directory
+from fid.fileio import (
+    atomic_directory,
+    atomic_write_json,
+    fsync_files,
+    recover_directory,
+    temporary_directory,
+)
 from fid.logs import MetricsWriter, PeakMemory
 from fid.signals import STOP_SIGNALS
 from fid.training import sharding
@@ -159,10 +165,9 @@ def run_training(
         recover_directory(state_dir / "best_dev")
     distributed.barrier()
     progress = TrainingProgress()
-    checkpoints = step_checkpoints(state_dir)
-    if checkpoints:
-        _, path = checkpoints[-1]
-        progress = load_checkpoint(path, model, optimizer, scheduler, scaler, rank)
+    resumed = load_newest_checkpoint(state_dir, model, optimizer, scheduler, scaler)
+    if resumed is not None:
+        path, progress = resumed
         logger.info("resumed from %s (step %d of %d)", path, progress.step, cfg.max_steps)
     else:
         torch.manual_seed(cfg.seed + rank)  # dropout; the data order has its own seeded RNGs
@@ -205,18 +210,21 @@ def run_training(
                 )  # fmt: skip
             distributed.barrier()
             return
-        # Every rank writes its shards into one temporary folder; rank 0 renames it when all
-        # are done, so `step-N` appears complete or not at all.
+        # Every rank writes its shards into one temporary folder (rank 0 picks its unique
+        # name); when all are done, rank 0 adds training_state.pt, the ranks checksum a share
+        # of the files each, and rank 0 writes the manifest last and renames the folder, so
+        # `step-N` appears complete or not at all.
         target = state_dir / f"step-{progress.step}"
-        tmp = state_dir / f".step-{progress.step}.tmp"
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        distributed.barrier()
+        tmp = temporary_directory(target) if rank == 0 else None
+        tmp = distributed.all_gather_objects(tmp)[0]
         sharding.save_sharded(tmp / SHARDED_DIR, model, optimizer)
         distributed.barrier()
         if rank == 0:
             write_training_state(tmp, None, scheduler, scaler, progress, config_record, rng_states)
+        distributed.barrier()
+        seal_shared_checkpoint(tmp)
+        if rank == 0:
+            fsync_files(tmp)
             shutil.rmtree(target, ignore_errors=True)
             os.replace(tmp, target)
             publish_checkpoint(state_dir, target, cfg.keep_last_checkpoints)
