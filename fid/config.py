@@ -217,11 +217,12 @@ class RetrieverTrainConfig(TrainingConfig):
         retriever_temperature: student distribution = softmax(retriever scores / this).
         in_batch_negatives: the student also ranks the other questions' passages of the batch
             (the teacher gives them probability 0).
-        eval_k: ranks at which dev agreement and answer recall are reported (dev questions rank
-            their own n_passages candidates: k >= n_passages reports the candidates' ceiling).
-        select_on: the dev metric that picks best_dev: "agreement@K" (the reader's top passage
-            is in the retriever's top K of the question's candidates) or "answer_recall@K",
-            with K < n_passages.
+        eval_k: ranks at which the dev metrics are reported (dev questions re-rank their own
+            n_passages candidates: k >= n_passages reports the candidates' ceiling).
+        select_on: the dev metric (percent) that picks best_dev: "candidate_agreement@K" (the
+            reader's top passage is in the retriever's top K of the question's candidates) or
+            "candidate_answer_recall@K" (that top K holds an answer), with K < n_passages. Not
+            full-corpus top-K accuracy (`fid eval-retrieval`).
         eval_batch_size: questions per dev encoding batch.
         precision: "fp32", "bf16" or "fp16" (GPU).
     """
@@ -237,7 +238,7 @@ class RetrieverTrainConfig(TrainingConfig):
     retriever_temperature: float = 1.0
     in_batch_negatives: bool = False
     eval_k: list[int] = dataclasses.field(default_factory=lambda: [1, 5, 20])
-    select_on: str = "agreement@5"
+    select_on: str = "candidate_agreement@5"
     eval_batch_size: int = 16
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
 
@@ -252,7 +253,13 @@ class RetrieverTrainConfig(TrainingConfig):
         _check_range("eval_batch_size", self.eval_batch_size, low=1)
         if not self.eval_k or any(k < 1 for k in self.eval_k):
             raise ConfigError(f"eval_k = {self.eval_k!r} is out of range: expected ranks >= 1")
-        allowed = [f"{m}@{k}" for m in ("agreement", "answer_recall") for k in self.eval_k]
+        metrics = ("candidate_agreement", "candidate_answer_recall")
+        allowed = [f"{m}@{k}" for m in metrics for k in self.eval_k]
+        if f"candidate_{self.select_on}" in allowed:  # the names before the candidate_ prefix
+            raise ConfigError(
+                f"select_on = {self.select_on!r} was renamed: use 'candidate_{self.select_on}' "
+                "(it ranks each dev question's candidate passages, not the corpus)"
+            )
         if self.select_on not in allowed:
             raise ConfigError(
                 f"select_on = {self.select_on!r} is not allowed: expected one of {allowed}"

@@ -3,6 +3,12 @@
 Normalization as in the SQuAD v1.1 evaluation script and facebookresearch/FiD: lowercase,
 remove punctuation, remove the articles a/an/the, collapse whitespace. A prediction is scored
 against every gold answer and the best score counts.
+
+Units: `exact_match` and `f1_score` score one question, 0 to 1 (SQuAD's script); everything the
+project writes or logs is in percent, 0 to 100: the means of `answer_metrics`, the top-k
+accuracy of `retrieval_accuracy`, the per-question scores of a predictions file (so their mean
+is the metrics file's value) and the training's dev metrics. The metrics files say so
+(`"unit": "percent"`) and log lines label the values ("EM 6.31%", `describe_*` below).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 logger = logging.getLogger(__name__)
+
+UNIT = "percent"
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
@@ -55,17 +63,26 @@ def answer_metrics(predictions: Sequence[str], answers: Sequence[Sequence[str]])
     """Mean exact match and F1 (in percent) over the questions that have gold answers.
 
     Returns:
-        {"exact_match", "f1", "n_scored", "n_unlabeled"}; the means are None when no question
-        has an answer.
+        {"exact_match", "f1", "unit": "percent", "n_scored", "n_unlabeled"}; the means are None
+        when no question has an answer.
     """
     scored = [(p, a) for p, a in zip(predictions, answers, strict=True) if a]
     n = len(scored)
     return {
         "exact_match": 100 * sum(exact_match(p, a) for p, a in scored) / n if n else None,
         "f1": 100 * sum(f1_score(p, a) for p, a in scored) / n if n else None,
+        "unit": UNIT,
         "n_scored": n,
         "n_unlabeled": len(predictions) - n,
     }
+
+
+def describe_answer_metrics(metrics: dict) -> str:
+    """The log form of `answer_metrics`' result: "EM 6.31%, F1 10.20% over 300 questions"."""
+    return (
+        f"EM {metrics['exact_match']:.2f}%, F1 {metrics['f1']:.2f}% "
+        f"over {metrics['n_scored']} questions"
+    )
 
 
 def topk_accuracy(hits: Sequence[Sequence[bool]], ks: Sequence[int]) -> dict[int, float]:
@@ -111,7 +128,7 @@ def retrieval_accuracy(
         mode: "string" (DPR) or "regex" (answers are patterns).
 
     Returns:
-        {"accuracy": {"k": percent or None}, "n_scored", "n_unlabeled"}.
+        {"accuracy": {"k": percent or None}, "unit": "percent", "n_scored", "n_unlabeled"}.
     """
     from fid.has_answer import AnswerMatcher
     from fid.logs import progress
@@ -136,6 +153,16 @@ def retrieval_accuracy(
     accuracy = topk_accuracy(hits, ks) if hits else dict.fromkeys(ks)
     return {
         "accuracy": {str(k): value for k, value in accuracy.items()},
+        "unit": UNIT,
         "n_scored": len(hits),
         "n_unlabeled": len(answers) - len(hits),
     }
+
+
+def describe_retrieval_accuracy(metrics: dict) -> str:
+    """The log form of `retrieval_accuracy`' result: "top-1 40.0%, top-5 62.5% over 200
+    questions" (full-corpus retrieval: a passage among the top k holds an answer)."""
+    table = ", ".join(
+        f"top-{k} {value:.1f}%" for k, value in metrics["accuracy"].items() if value is not None
+    )
+    return f"{table} over {metrics['n_scored']} questions"

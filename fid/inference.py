@@ -16,7 +16,7 @@ import torch
 
 from fid import distributed
 from fid.data import Example, ReaderCollator, load_examples
-from fid.evaluation import answer_metrics, exact_match, f1_score
+from fid.evaluation import answer_metrics, describe_answer_metrics, exact_match, f1_score
 from fid.fileio import atomic_paths, atomic_write_json, atomic_write_jsonl
 from fid.logs import progress
 from fid.reader import FiDReader
@@ -66,7 +66,8 @@ def generate_answers(
 
 
 def prediction_records(examples: Sequence[Example], predictions: Sequence[str]) -> list[dict]:
-    """Per-question results: the prediction and, for labeled questions, its EM and F1."""
+    """Per-question results: the prediction and, for labeled questions, its EM and F1 in
+    percent (0 or 100, and 0 to 100), as in the metrics file, which holds their means."""
     records = []
     for example, prediction in zip(examples, predictions, strict=True):
         record: dict[str, Any] = {
@@ -76,8 +77,8 @@ def prediction_records(examples: Sequence[Example], predictions: Sequence[str]) 
             "answers": example.answers,
         }
         if example.answers:
-            record["exact_match"] = exact_match(prediction, example.answers)
-            record["f1"] = f1_score(prediction, example.answers)
+            record["exact_match"] = 100 * exact_match(prediction, example.answers)
+            record["f1"] = 100 * f1_score(prediction, example.answers)
         records.append(record)
     return records
 
@@ -164,10 +165,7 @@ def evaluate_reader(
     if metrics["n_scored"] == 0:
         logger.warning("no question has gold answers: wrote predictions only, no metric")
     else:
-        logger.info(
-            "exact match %.2f, F1 %.2f over %d questions",
-            metrics["exact_match"], metrics["f1"], metrics["n_scored"],
-        )  # fmt: skip
+        logger.info("%s", describe_answer_metrics(metrics))
     return metrics
 
 

@@ -48,12 +48,22 @@ def test_bad_values_name_key_value_and_allowed(data, message):
 def test_retriever_selection_rank_below_the_candidate_count():
     """Dev questions rank their own n_passages candidates: selecting on a rank that covers all
     of them would pick best_dev on a metric that no model can change."""
-    data = {"n_passages": 5, "eval_k": [1, 5], "select_on": "answer_recall@5"}
+    data = {"n_passages": 5, "eval_k": [1, 5], "select_on": "candidate_answer_recall@5"}
     with pytest.raises(ConfigError, match="cfg.yaml") as error:
         config_from_dict(data, RetrieverTrainConfig, source="cfg.yaml")
-    assert "select_on = 'answer_recall@5' ranks 5 of the n_passages = 5" in str(error.value)
-    cfg = config_from_dict({**data, "select_on": "answer_recall@1"}, RetrieverTrainConfig)
+    message = "select_on = 'candidate_answer_recall@5' ranks 5 of the n_passages = 5"
+    assert message in str(error.value)
+    cfg = config_from_dict({**data, "select_on": "candidate_answer_recall@1"}, RetrieverTrainConfig)
     assert cfg.eval_k == [1, 5]  # reporting the candidates' ceiling at k = 5 stays allowed
+
+
+@pytest.mark.parametrize("old", ["answer_recall@1", "agreement@5"])
+def test_retriever_selection_old_metric_names_say_the_new_ones(old):
+    """The dev metrics re-rank each question's candidates; their names say so, so that they
+    are not read as full-corpus top-k accuracy (the report shows both)."""
+    with pytest.raises(ConfigError, match="cfg.yaml") as error:
+        config_from_dict({"select_on": old}, RetrieverTrainConfig, source="cfg.yaml")
+    assert f"select_on = '{old}' was renamed: use 'candidate_{old}'" in str(error.value)
 
 
 def test_bad_files(tmp_path):

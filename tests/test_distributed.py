@@ -151,7 +151,7 @@ def test_retriever_two_ranks_equal_one_process(tmp_path, toy_records):
         config = _yaml(tmp_path / f"r{world}.yaml", dict(
             batch_size_per_device=batch, max_steps=3, lr=1e-3, warmup_steps=1, eval_every_steps=3,
             log_every_steps=1, precision="fp32", tensorboard=False, n_passages=4,
-            passage_max_tokens=32, question_max_tokens=16, eval_k=[1, 2], select_on="agreement@1",
+            passage_max_tokens=32, question_max_tokens=16, eval_k=[1, 2], select_on="candidate_agreement@1",
         ))  # fmt: skip
         launch(["train-retriever", "--config", config, "--train", train, "--dev", dev,
                 "--init-model", tmp_path / "bert", "--output", tmp_path / f"m{world}",

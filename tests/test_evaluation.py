@@ -2,7 +2,15 @@
 
 import pytest
 
-from fid.evaluation import answer_metrics, exact_match, f1_score, normalize_answer
+from fid.evaluation import (
+    answer_metrics,
+    describe_answer_metrics,
+    describe_retrieval_accuracy,
+    exact_match,
+    f1_score,
+    normalize_answer,
+    retrieval_accuracy,
+)
 
 
 @pytest.mark.parametrize(
@@ -41,6 +49,37 @@ def test_exact_match_and_f1(prediction, answers, em, f1):
 
 def test_answer_metrics_skip_unlabeled_questions():
     metrics = answer_metrics(["Paris", "x", "Rome"], [["Paris"], [], ["Milan"]])
-    assert metrics == {"exact_match": 50.0, "f1": 50.0, "n_scored": 2, "n_unlabeled": 1}
+    assert metrics == {
+        "exact_match": 50.0,
+        "f1": 50.0,
+        "unit": "percent",
+        "n_scored": 2,
+        "n_unlabeled": 1,
+    }
     none = answer_metrics(["Paris"], [[]])
     assert none["exact_match"] is None and none["n_scored"] == 0
+
+
+def test_one_unit_everywhere_percent_and_labeled():
+    """EM was logged as 6.31 unlabeled; per-question scores in a predictions file were 0-1
+    next to a metrics file in percent."""
+    from fid.data import Example
+    from fid.inference import prediction_records
+
+    predictions = ["Paris", "x", "Rome y"]
+    answers = [["Paris"], ["Berlin"], ["Rome"]]
+    metrics = answer_metrics(predictions, answers)
+    assert metrics["unit"] == "percent"
+    assert describe_answer_metrics(metrics) == "EM 33.33%, F1 55.56% over 3 questions"
+    examples = [
+        Example(id=str(i), question="q", answers=a, target=None, ctxs=[], record={})
+        for i, a in enumerate(answers)
+    ]
+    records = prediction_records(examples, predictions)
+    assert [r["exact_match"] for r in records] == [100.0, 0.0, 0.0]
+    assert sum(r["f1"] for r in records) / 3 == pytest.approx(metrics["f1"])
+
+    ctxs = [[{"text": "in Paris", "has_answer": True}], [{"text": "no", "has_answer": False}]]
+    accuracy = retrieval_accuracy([["Paris"], ["Berlin"]], ctxs, [1, 5])
+    assert accuracy["unit"] == "percent"
+    assert describe_retrieval_accuracy(accuracy) == "top-1 50.0%, top-5 50.0% over 2 questions"

@@ -3,8 +3,11 @@
 Loss (Izacard & Grave 2021, https://arxiv.org/abs/2012.04584): for each question,
 KL(softmax(reader scores / T_r) || softmax(retriever scores / T_q)) over its scored passages,
 optionally with the batch's other passages as extra negatives (teacher probability 0). Dev metrics
-run over the WHOLE dev set: whether the reader's top passage is in the retriever's top k
-(agreement@k) and whether the retriever's top k holds an answer (answer_recall@k).
+run over the WHOLE dev set and re-rank each dev question's candidate list (the passages the
+reader scored, not the corpus), in percent: whether the reader's top passage is in the
+retriever's top k of them (candidate_agreement@k) and whether that top k holds an answer
+(candidate_answer_recall@k). Full-corpus top-k accuracy is `fid eval-retrieval`'s, after
+indexing.
 """
 
 from __future__ import annotations
@@ -191,17 +194,18 @@ class RetrieverTask:
 def ranking_metrics(
     examples: Sequence[DistillationExample], orders: Sequence[list[int]], ks: Sequence[int]
 ) -> dict[str, float]:
-    """agreement@k and answer_recall@k (percent) of rankings of each question's candidates."""
+    """candidate_agreement@k and candidate_answer_recall@k (percent) of rankings of each
+    question's candidate passages (the ones the reader scored)."""
     metrics: dict[str, float] = {}
     labeled = [(e, o) for e, o in zip(examples, orders, strict=True) if e.has_answer is not None]
     for k in ks:
         agree = [
             int(torch.argmax(e.teacher)) in o[:k] for e, o in zip(examples, orders, strict=True)
         ]
-        metrics[f"agreement@{k}"] = 100 * sum(agree) / len(agree)
+        metrics[f"candidate_agreement@{k}"] = 100 * sum(agree) / len(agree)
         if labeled:
             recall = [any(e.has_answer[i] for i in o[:k]) for e, o in labeled]
-            metrics[f"answer_recall@{k}"] = 100 * sum(recall) / len(recall)
+            metrics[f"candidate_answer_recall@{k}"] = 100 * sum(recall) / len(recall)
     metrics["n"] = len(examples)
     return metrics
 
@@ -226,7 +230,9 @@ def train_retriever(
     dev = distillation_examples(
         load_examples(dev_path), cfg.n_passages, cfg.score_key, str(dev_path)
     )
-    if cfg.select_on.startswith("answer_recall") and all(e.has_answer is None for e in dev):
+    if cfg.select_on.startswith("candidate_answer_recall") and all(
+        e.has_answer is None for e in dev
+    ):
         raise DataError(f"{dev_path}: select_on {cfg.select_on} needs dev questions with answers")
     logger.info("%d training and %d dev questions", len(train), len(dev))
     model, tokenizer = DualEncoder.from_pretrained(

@@ -42,7 +42,7 @@ def test_demo_reaches_its_bars(tmp_path):
     report = snakemake(tmp_path, "--report", "report.html")
     assert report.returncode == 0 and (tmp_path / "report.html").stat().st_size > 10_000
 
-    em = {(r["reader"], r["split"]): float(r["exact_match"]) for r in
+    em = {(r["reader"], r["split"]): float(r["exact match (%)"]) for r in
           _rows(tmp_path / "results/demo/report/exact_match.csv")}  # fmt: skip
     baseline = next(
         v for (reader, split), v in em.items() if reader.startswith("most") and split == "test"
@@ -62,14 +62,15 @@ def test_demo_reaches_its_bars(tmp_path):
     print("retrieval:", top)
 
     def beats_bm25(source, k):
-        return float(top[(source, "test")][f"top-{k}"]) > float(top[("bm25", "test")][f"top-{k}"])
+        column = f"top-{k} (%)"
+        return float(top[(source, "test")][column]) > float(top[("bm25", "test")][column])
 
     # Both distilled retrievers above BM25 at top-1 and top-5, and round 1's above round 0's at
     # top-1 (3 seeds, session 5, test top-1/5: round 0 22.3/68.3, 11.3/57.3, 32.3/81.3; round 1
     # 31.0/74.3, 24.3/68.7, 52.7/86.0; BM25 8.7/45.3, 6.7/51.0, 11.0/53.3).
     assert beats_bm25("iter1", 1) and beats_bm25("iter1", 5)
     assert beats_bm25("iter0", 1) and beats_bm25("iter0", 5)
-    assert float(top[("iter1", "test")]["top-1"]) > float(top[("iter0", "test")]["top-1"])
+    assert float(top[("iter1", "test")]["top-1 (%)"]) > float(top[("iter0", "test")]["top-1 (%)"])
     for name in ("exact_match.png", "retrieval_topk.png", "training_curves.png", "config.yaml"):
         assert (tmp_path / "results/demo/report" / name).stat().st_size > 0
 
@@ -90,7 +91,7 @@ def test_own_data_config_on_squad_open_tiny(tmp_path):
     print("own data retrieval:", top)
     print("own data reader:", _rows(tmp_path / "results/own/report/exact_match.csv"))
     # a real pretrained encoder and BM25 find answers on real text (has-answer of DPR)
-    assert float(top[("bm25", "test")]["top-10"]) >= 70.0
-    assert float(top[("minilm", "test")]["top-10"]) >= 70.0
+    assert float(top[("bm25", "test")]["top-10 (%)"]) >= 70.0
+    assert float(top[("minilm", "test")]["top-10 (%)"]) >= 70.0
     questions = (tmp_path / "results/own/data/test.jsonl").read_text().count("\n")
     assert questions == 30  # 15% of 200
