@@ -140,7 +140,13 @@ def progress(
     if sys.stderr.isatty():
         return tqdm(iterable, desc=desc, unit=unit, total=total, disable=disable)
     if interval_s is None:
-        interval_s = float(os.environ.get(PROGRESS_INTERVAL_ENV, DEFAULT_PROGRESS_INTERVAL_S))
+        raw = os.environ.get(PROGRESS_INTERVAL_ENV, str(DEFAULT_PROGRESS_INTERVAL_S))
+        try:
+            interval_s = float(raw)
+        except ValueError:
+            raise ValueError(
+                f"{PROGRESS_INTERVAL_ENV}={raw!r}: expected the seconds between progress lines"
+            ) from None
     return _LoggedProgress(
         iterable, desc=desc, unit=unit, total=total, disable=disable, mininterval=interval_s,
         log=log,

@@ -114,3 +114,9 @@ def test_retrieve_bm25_and_eval_retrieval_log_progress(tmp_path, monkeypatch):
     assert re.search(r"fid.bm25: tokenize: [\d,]+ passages, [\d.,]+ passages/s", text), text
     assert re.search(r"fid.bm25: fetch passages: \d+/\d+ rows \(100%\).*done", text), text
     assert re.search(r"fid.evaluation: has-answer: 200/200 questions \(100%\).*done", text), text
+
+
+def test_a_bad_interval_in_the_environment_names_the_variable(clock, monkeypatch):
+    monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "often")
+    with pytest.raises(ValueError, match="FID_PROGRESS_INTERVAL_S='often': expected the seconds"):
+        progress(desc="x", unit="items", log=log)
