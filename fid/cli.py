@@ -48,14 +48,14 @@ def _load_config(args: argparse.Namespace, config_class):
         ) from None
 
 
-def _check_precision(cfg, device) -> None:
-    """fp16 autocast exists on CUDA only; say so before any model is loaded."""
+def _check_precision(args: argparse.Namespace, cfg) -> None:
+    """fp16 autocast exists on CUDA only: say so before any model is loaded."""
     from fid.config import ConfigError
 
-    if getattr(cfg, "precision", None) == "fp16" and device.type != "cuda":
+    if cfg.precision == "fp16" and args.device.type != "cuda":
         raise ConfigError(
-            f"precision = 'fp16' needs a CUDA device, but this job runs on {device.type}: "
-            "expected bf16 or fp32 (or auto) on a CPU"
+            f"{args.config}: precision = 'fp16' needs a CUDA device, but this job runs on "
+            f"{args.device.type}: expected bf16 or fp32 (or auto) there"
         )
 
 
@@ -91,7 +91,7 @@ def cmd_train_reader(args) -> None:
     from fid.training.reader import train_reader
 
     cfg = _load_config(args, ReaderTrainConfig)
-    _check_precision(cfg, args.device)
+    _check_precision(args, cfg)
     check_reader(args.init_model)
     result = train_reader(
         cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, args.device
@@ -105,7 +105,7 @@ def cmd_eval_reader(args) -> None:
     from fid.model_folder import check_reader
 
     cfg = _load_config(args, EvalReaderConfig)
-    _check_precision(cfg, args.device)
+    _check_precision(args, cfg)
     check_reader(args.model)
     evaluate_reader(cfg, args.model, args.questions, args.predictions, args.metrics, args.device)
 
@@ -116,7 +116,7 @@ def cmd_score_passages(args) -> None:
     from fid.model_folder import check_reader
 
     cfg = _load_config(args, ScorePassagesConfig)
-    _check_precision(cfg, args.device)
+    _check_precision(args, cfg)
     check_reader(args.model)
     score_question_file(cfg, args.model, args.questions, args.output, args.device)
 
@@ -140,7 +140,7 @@ def cmd_train_retriever(args) -> None:
     from fid.training.retriever import train_retriever
 
     cfg = _load_config(args, RetrieverTrainConfig)
-    _check_precision(cfg, args.device)
+    _check_precision(args, cfg)
     check_retriever(args.init_model)
     result = train_retriever(
         cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, args.device

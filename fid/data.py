@@ -154,8 +154,8 @@ def load_examples(path: str | Path, require_answers: bool = False) -> list[Examp
         if id_ in first_seen:
             # Outputs (predictions, scores, distillation targets) are keyed by question id.
             raise DataError(
-                f"{path}: {location}: duplicate question id {id_!r} (first in "
-                f"{first_seen[id_]}); ids must be unique"
+                f"{path}: {location}: duplicate id {id_!r} (first in {first_seen[id_]}); "
+                "question ids must be unique"
             )
         first_seen[id_] = location
         examples.append(
