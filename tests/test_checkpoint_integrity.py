@@ -263,3 +263,14 @@ def test_sharded_checkpoints_verify_every_rank_shards(tmp_path, tiny_model_dir, 
     assert f"{resumed / 'state' / 'step-3'}: sharded/{shard.name} does not match" in logs[0]
     assert f"resumed from {resumed / 'state' / 'step-2'}" in logs[0]
     _assert_same_weights(tmp_path / "straight", resumed)
+
+
+def test_pruning_drops_checkpoints_newer_than_the_one_saved(tmp_path):
+    """After a fallback the run goes on from an older step: a damaged newer checkpoint that the
+    run does not overwrite must not count among the last K (with K=1 it pushed out the new one)."""
+    for step in (2, 4, 5):
+        (tmp_path / f"step-{step}").mkdir()
+        (tmp_path / f"step-{step}" / "training_state.pt").write_bytes(b"")
+    checkpoint.publish_checkpoint(tmp_path, tmp_path / "step-4", keep_last=1)
+    assert [path.name for _, path in checkpoint.step_checkpoints(tmp_path)] == ["step-4"]
+    assert os.readlink(tmp_path / "latest") == "step-4"
