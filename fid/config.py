@@ -8,6 +8,7 @@ are rejected with the key, the value and what is allowed. Defaults live in the d
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -21,10 +22,18 @@ class ConfigError(ValueError):
     """A configuration file or value is not what a subcommand accepts."""
 
 
+def _check_finite(name: str, value: Any):
+    """Raises ConfigError for NaN and +-inf: NaN passes every comparison (`nan < 0` is False)
+    and inf passes a lower bound, so range checks alone let YAML's .nan/.inf reach torch."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} = {value!r} is not a finite number: expected a real value")
+
+
 def _check_range(name: str, value: Any, *, low=None, high=None, allow_none=False, what=None):
     """Raises ConfigError unless low <= value <= high (either bound optional)."""
     if value is None and allow_none:
         return
+    _check_finite(name, value)
     if (low is not None and value < low) or (high is not None and value > high):
         if what is None:
             bounds = []
@@ -134,6 +143,9 @@ class TrainingConfig:
         clip_grad_norm: gradient norm clipping; None disables it.
         eval_every_steps: dev evaluation cadence (0 = only at the end).
         save_every_steps: checkpoint cadence (0 = only at the end).
+        save_every_minutes: also save when this much wall-clock time has passed since the last
+            checkpoint (rank 0's clock decides for all ranks); None or 0 = off. It bounds the
+            work lost when a job is killed without the preemption signal reaching it.
         keep_last_checkpoints: `step-N` checkpoints kept (best_dev is kept separately).
         log_every_steps: logging cadence of the loss, learning rate and peak memory.
         tensorboard: write TensorBoard scalars beside metrics.jsonl.
@@ -154,6 +166,7 @@ class TrainingConfig:
     clip_grad_norm: float | None = 1.0
     eval_every_steps: int = 500
     save_every_steps: int = 500
+    save_every_minutes: float | None = None
     keep_last_checkpoints: int = 2
     log_every_steps: int = 50
     tensorboard: bool = True
@@ -173,6 +186,7 @@ class TrainingConfig:
         _check_range("clip_grad_norm", self.clip_grad_norm, low=0.0, allow_none=True)
         _check_range("eval_every_steps", self.eval_every_steps, low=0)
         _check_range("save_every_steps", self.save_every_steps, low=0)
+        _check_range("save_every_minutes", self.save_every_minutes, low=0.0, allow_none=True)
         _check_range("keep_last_checkpoints", self.keep_last_checkpoints, low=1)
         _check_range("log_every_steps", self.log_every_steps, low=1)
 
@@ -469,6 +483,8 @@ def config_from_dict(data: dict[str, Any], cls: type[T], source: str = "config")
         if hints[key] is float and isinstance(value, int):
             data = {**data, key: float(value)}
     try:
+        for key, value in data.items():  # every float knob, range-checked or not
+            _check_finite(key, value)
         return cls(**data)
     except ConfigError as error:
         raise ConfigError(f"{source}: {error}") from None

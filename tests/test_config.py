@@ -1,18 +1,30 @@
 """Typed configs: unknown keys, wrong types and out-of-range values are rejected clearly."""
 
 import dataclasses
+import math
+import typing
 
 import pytest
 
+from fid.bm25 import BM25Config
 from fid.config import (
     ConfigError,
+    EmbedPassagesConfig,
     EvalReaderConfig,
+    EvalRetrievalConfig,
+    InitReaderConfig,
+    InitRetrieverConfig,
     ReaderTrainConfig,
+    RetrieveConfig,
     RetrieverTrainConfig,
     ScorePassagesConfig,
     config_from_dict,
     load_config,
 )
+from fid.demo_data import DemoDataConfig
+from fid.download import DownloadConfig
+from fid.index import IndexConfig
+from fid.prepare import PrepareQuestionsConfig, ReaderListsConfig
 
 
 def test_defaults_and_yaml(tmp_path):
@@ -84,3 +96,37 @@ def test_every_field_has_a_default():
         for field in dataclasses.fields(cls):
             has_default = field.default is not dataclasses.MISSING
             assert has_default or field.default_factory is not dataclasses.MISSING, field.name
+
+
+def _float_knobs():
+    """(dataclass, field) of every float knob of every stage config (the ones common.smk
+    checks at DAG time), so that a new float knob is covered without editing this test."""
+    classes = [BM25Config, DemoDataConfig, DownloadConfig, EmbedPassagesConfig]
+    classes += [EvalReaderConfig, EvalRetrievalConfig, IndexConfig, InitReaderConfig]
+    classes += [InitRetrieverConfig, PrepareQuestionsConfig, ReaderListsConfig]
+    classes += [ReaderTrainConfig, RetrieveConfig, RetrieverTrainConfig, ScorePassagesConfig]
+    for cls in classes:
+        for name, hint in typing.get_type_hints(cls).items():
+            if float in (hint, *typing.get_args(hint)):
+                yield pytest.param(cls, name, id=f"{cls.__name__}.{name}")
+
+
+@pytest.mark.parametrize("cls, key", list(_float_knobs()))
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_float_knobs_are_rejected(cls, key, value):
+    """NaN passes every comparison (`nan < 0` is False) and inf passes a lower bound: both
+    reached torch (`lr: .nan`) before they were refused."""
+    with pytest.raises(ConfigError, match="cfg.yaml") as error:
+        config_from_dict({key: value}, cls, source="cfg.yaml")
+    assert f"{key} = {value!r} is not a finite number" in str(error.value)
+
+
+def test_non_finite_yaml_values_are_rejected(tmp_path):
+    """YAML spells them .nan, .inf and -.inf; range checks also refuse them on direct use."""
+    path = tmp_path / "c.yaml"
+    for text in ("lr: .nan", "weight_decay: .inf", "clip_grad_norm: -.inf"):
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=f"{text.split(':')[0]} = .* is not a finite"):
+            load_config(path, ReaderTrainConfig)
+    with pytest.raises(ConfigError, match="lr = nan is not a finite number"):
+        ReaderTrainConfig(lr=math.nan)

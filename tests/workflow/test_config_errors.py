@@ -92,3 +92,14 @@ def test_missing_data_file(tmp_path):
     assert re.search(r"config key 'data\.questions\.(train|dev|test)\.input'", message)
     assert "data/own/questions.jsonl does not exist" in message
     assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
+
+
+def test_non_finite_knob(tmp_path):
+    """YAML's .nan passes every range check by comparison; it is refused at DAG time."""
+    reader = yaml.safe_load(DEMO.read_text())["reader"]
+    config = write_config(tmp_path / "c.yaml", DEMO, reader={**reader, "lr": float("nan")})
+    assert "lr: .nan" in config.read_text()
+    result = snakemake(tmp_path, "-n", "--configfile", str(config))  # a plan, even if accepted
+    message = result.stdout + result.stderr
+    assert result.returncode != 0, message[-2000:]
+    assert "config section 'reader': lr = nan is not a finite number" in message, message[-2000:]
