@@ -17,6 +17,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
 from conftest import write_json
@@ -382,7 +383,8 @@ def tiny_retriever_dir(tmp_path_factory, toy_world):
 
 @pytest.fixture
 def inputs(tmp_path, tiny_model_dir, tiny_retriever_dir, toy_records, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub name is looked up in the cache only
+    # A hub name is looked up in the cache only (the variable is read when the hub is imported).
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     passages = tmp_path / "psgs.tsv"
     passages.write_text("id\ttext\ttitle\n1\tthe first passage of the toy\tOne\n")
     return Inputs(
