@@ -126,14 +126,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def step_checkpoints(state_dir: str | Path) -> list[tuple[int, Path]]:
-    """The complete `step-N` checkpoints in a state folder, oldest first."""
+    """The `step-N` checkpoints in a state folder, oldest first.
+
+    Each was complete when it was renamed into place; whether it still is, only verifying it
+    tells (`load_newest_checkpoint`): one that lost a file is listed, not silently passed over.
+    """
     state_dir = Path(state_dir)
     if not state_dir.is_dir():
         return []
     found = []
     for path in state_dir.iterdir():
         match = _STEP_DIR.match(path.name)
-        if match and (path / "training_state.pt").is_file():
+        if match and path.is_dir():
             found.append((int(match.group(1)), path))
     return sorted(found)
 

@@ -136,6 +136,7 @@ CORRUPTIONS = {
         lambda f: _edit_state(f, lambda s: s["progress"].pop("epoch")),
         "progress",
     ),
+    "missing training state": (lambda f: (f / "training_state.pt").unlink(), "training_state"),
     "truncated training state": (lambda f: _truncate(f / "training_state.pt"), "training_state"),
     "missing manifest": (lambda f: (f / checkpoint.MANIFEST).unlink(), checkpoint.MANIFEST),
     "manifest mismatch": (_wrong_checksum, "checksum"),
