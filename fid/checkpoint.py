@@ -420,7 +420,9 @@ def load_checkpoint(
     return TrainingProgress(**state["progress"])
 
 
-def _load_tensors(path: Path, state: dict, model: nn.Module, optimizer: torch.optim.Optimizer):
+def _load_tensors(
+    path: Path, state: dict, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
     if (path / SHARDED_DIR).is_dir():
         from fid.training.sharding import load_sharded
 
@@ -487,7 +489,8 @@ def load_newest_checkpoint(
     raise CheckpointError(
         f"state folder {state_dir}: none of its {len(checkpoints)} checkpoints verifies and "
         f"loads ({'; '.join(problems)}). Hint: move the damaged step-N folders (or the whole "
-        "state folder, to start over) aside and rerun"
+        "state folder, to start over) aside and rerun; if they do not load into the model, "
+        "rerun with the --init-model the run started from"
     )
 
 
