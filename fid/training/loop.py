@@ -47,6 +47,8 @@ from fid.logs import MetricsWriter, PeakMemory
 from fid.signals import STOP_SIGNALS
 from fid.training import sharding
 from fid.training.optim import build_optimizer, build_scheduler
+from fid.training.resume import check_resume_config, saved_config
+from fid.training.state_lock import hold_state
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +167,11 @@ def run_training(
         recover_directory(state_dir / "best_dev")
     distributed.barrier()
     progress = TrainingProgress()
-    resumed = load_newest_checkpoint(state_dir, model, optimizer, scheduler, scaler)
+    # The newest checkpoint that verifies; its config is checked before any tensor is loaded,
+    # so a refusal comes at once.
+    resumed = load_newest_checkpoint(
+        state_dir, model, optimizer, scheduler, scaler, lambda path: _check_resume(path, cfg, rank)
+    )
     if resumed is not None:
         path, progress = resumed
         logger.info("resumed from %s (step %d of %d)", path, progress.step, cfg.max_steps)
@@ -192,6 +198,7 @@ def run_training(
     stream = _BatchStream(task, progress)
     interval_loss = torch.zeros((), device=device)
     interval_start, interval_steps = time.perf_counter(), 0
+    last_save = time.monotonic()
     bar = tqdm(
         total=cfg.max_steps,
         initial=progress.step,
@@ -292,9 +299,22 @@ def run_training(
                 if final or (cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0):
                     _evaluate(task, progress, metrics, amp, state_dir, sharded)
                 saved = False
-                if final or (cfg.save_every_steps and progress.step % cfg.save_every_steps == 0):
+                timed = False
+                if cfg.save_every_minutes:
+                    # Rank 0's clock decides: every rank saves at the same step (a save holds
+                    # collectives), whatever its own clock says.
+                    elapsed = time.monotonic() - last_save
+                    timed = distributed.main_rank_flag(
+                        elapsed >= 60 * cfg.save_every_minutes, device
+                    )
+                if (
+                    final
+                    or timed
+                    or (cfg.save_every_steps and progress.step % cfg.save_every_steps == 0)
+                ):
                     save()
                     saved = True
+                    last_save = time.monotonic()
                 stop = distributed.any_rank(signals.received is not None, device)
                 if stop and not final:
                     if not saved:
@@ -308,6 +328,14 @@ def run_training(
         if metrics is not None:
             metrics.close()
     return progress
+
+
+def _check_resume(checkpoint: Path, cfg: TrainingConfig, rank: int) -> None:
+    """Refuses to resume `checkpoint` under changed data, shape or schedule knobs (on every
+    rank alike: each reads the same file); rank 0 warns about the changes that are allowed."""
+    changes = check_resume_config(saved_config(checkpoint), cfg, checkpoint)
+    if changes and rank == 0:
+        logger.warning("resuming %s under a changed config: %s", checkpoint, "; ".join(changes))
 
 
 def _log_train(metrics: MetricsWriter | None, step: int, max_steps: int, values: dict) -> None:
@@ -336,8 +364,7 @@ def _evaluate(
     logger.info("step %d dev %s %.4f", progress.step, task.dev_metric, value)
     if metrics is not None:
         metrics.write("dev", progress.step, results)
-    if progress.best_metric is None or value >= progress.best_metric:  # ties: the later
-        progress.best_metric, progress.best_step = value, progress.step
+    if _new_best(progress, value):
         full = sharding.full_state_dict(task.model) if sharded else None  # all ranks gather
         if distributed.is_main():
             with atomic_directory(state_dir / "best_dev") as tmp:
@@ -350,6 +377,20 @@ def _evaluate(
         distributed.barrier()
 
 
+def _new_best(progress: TrainingProgress, value: float) -> bool:
+    """Records `value` as the best dev metric if it is one (ties: the later step).
+
+    Rank 0's value decides on every rank: the branch taken on a new best holds collectives
+    (FSDP's all-gather of the weights, a barrier), and ranks that each decided from their own
+    float could split between the branches and hang.
+    """
+    value = distributed.broadcast_object(value)
+    if progress.best_metric is None or value >= progress.best_metric:
+        progress.best_metric, progress.best_step = value, progress.step
+        return True
+    return False
+
+
 def train_and_export(
     task: TrainTask,
     cfg: TrainingConfig,
@@ -360,14 +401,21 @@ def train_and_export(
 ) -> dict:
     """Runs (or resumes) training, then rank 0 exports best_dev to `output_dir`.
 
+    The run holds `state_dir` throughout (`state_lock.hold_state`): a second run on it ends
+    at once, and the leftovers of killed runs are swept from it and beside `output_dir`.
+
     Returns:
         The exported model's step and dev metric.
+
+    Raises:
+        StateInUse: when another run holds `state_dir`.
     """
     record = config_to_dict(cfg)
-    progress = run_training(task, cfg, state_dir, device, precision, record)
-    if distributed.is_main():
-        export_best_model(state_dir, output_dir, record)
-    distributed.barrier()
+    with hold_state(state_dir, output_dir):
+        progress = run_training(task, cfg, state_dir, device, precision, record)
+        if distributed.is_main():
+            export_best_model(state_dir, output_dir, record)
+        distributed.barrier()
     logger.info(
         "exported the best dev model (step %s, %s %.4f) to %s",
         progress.best_step, task.dev_metric, progress.best_metric, output_dir,
