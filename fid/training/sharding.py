@@ -8,7 +8,9 @@ embedding would need the embedding and head in one unit with the root's hooks, w
 own calls (encode, generate, scoring) bypass.
 
 Checkpoints are sharded with torch.distributed.checkpoint: each rank writes its part into the
-same temporary folder, and rank 0 renames it into place once all have finished.
+same temporary folder (`.step-N.<random>.tmp`, named by rank 0); once all have finished, the
+ranks checksum a share of its files each for the manifest (fid.checkpoint), and rank 0 writes
+the manifest and renames the folder into place.
 
 Works with gloo on CPU (tested with 2 processes) and nccl on GPU.
 """
