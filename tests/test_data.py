@@ -97,6 +97,22 @@ def test_missing_file_and_training_needs_answers(tmp_path):
         load_examples(path, require_answers=True)
 
 
+def test_duplicate_ids_name_both_records(tmp_path):
+    path = tmp_path / "dup.jsonl"
+    records = [_record(0), _record(1), _record(0)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(
+        DataError, match=r"dup.jsonl: record 2 \(line 3\).*duplicate id 'q0' \(first in record 0"
+    ):
+        load_examples(path)
+    # Without ids the positions are the ids, and they cannot repeat.
+    no_ids = [_record(i) for i in range(3)]
+    for record in no_ids:
+        del record["id"]
+    path = write_json(tmp_path / "a.json", no_ids)
+    assert [example.id for example in load_examples(path)] == ["0", "1", "2"]
+
+
 def test_top_passages_by_score_else_file_order(tmp_path):
     example = load_examples(write_json(tmp_path / "a.json", [_record(n_ctx=4)]))[0]
     assert top_passages(example, 2) == [3, 2]

@@ -155,3 +155,16 @@ def test_fetch_passages_reads_only_the_wanted_rows(tmp_path):
     assert found["1"].text == 'a text, with "quotes"' and found["2"].title == "T2"
     with pytest.raises(DataError, match="holds no passage with id '9'"):
         fetch_passages(path, {"3", "9"})
+
+
+def test_short_passages_are_counted_in_the_log(tmp_path, caplog):
+    """DPR-style chunk tails of a few words are kept but reported (not an error)."""
+    path = write(tmp_path, "id\ttext\ttitle\n1\tone two three four five\tA\n2\tthe end\tA\n"
+                 "3\t  a  b   c d \tB\n")  # fmt: skip
+    with caplog.at_level("INFO", logger="fid.passages"):
+        assert len(list(iter_passages(path))) == 3
+    assert "2 passages have fewer than 5 words (e.g. id '2')" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="fid.passages"):
+        list(iter_passages(SQUAD))
+    assert "fewer than" not in caplog.text

@@ -59,6 +59,22 @@ def test_drop_unlabeled_and_max_questions(raw, tmp_path):
     )
 
 
+def test_answers_that_normalise_to_nothing_are_dropped(tmp_path, caplog):
+    """SQuAD has "." as an answer and NQ-open "A+": under SQuAD normalisation an empty
+    prediction matches them exactly, so they are dropped, and a question left without an
+    answer is unlabeled (dropped with drop_unlabeled)."""
+    raw = tmp_path / "raw.jsonl"
+    rows = [{"question": "q0?", "answer": ["Denver", "."]}, {"question": "q1?", "answer": ["A+"]},
+            {"question": "q2?", "answer": ["the"]}, {"question": "q3?", "answer": ["x"]}]  # fmt: skip
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "q.jsonl"
+    assert prepare_questions(raw, out, PrepareQuestionsConfig()) == 4
+    assert [q["answers"] for q in _read(out)] == [["Denver"], [], [], ["x"]]
+    assert "dropped 3 gold answers that normalise to the empty string" in caplog.text
+    assert "2 questions are left without an answer" in caplog.text
+    assert prepare_questions(raw, out, PrepareQuestionsConfig(drop_unlabeled=True)) == 2
+
+
 def test_bad_index_and_empty_selection(raw, tmp_path):
     (tmp_path / "idx.json").write_text("[1, 10]")
     with pytest.raises(DataError, match="position 10 is outside .* 10 records"):

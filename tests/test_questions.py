@@ -155,3 +155,15 @@ def test_duplicate_ids_and_missing_file(tmp_path):
         load_questions(write(tmp_path, "dup.json", json.dumps(records)))
     with pytest.raises(DataError, match="nope.jsonl: question file not found"):
         load_questions(tmp_path / "nope.jsonl")
+
+
+def test_duplicate_ids_name_both_lines(tmp_path):
+    path = write(
+        tmp_path, "dup.jsonl", '{"id": 1, "question": "a?"}\n\n{"id": "1", "question": "b?"}\n'
+    )
+    with pytest.raises(DataError, match=r"dup.jsonl: line 3: duplicate id '1' \(first in line 1\)"):
+        load_questions(path)
+    items = [{"Question": "a?", "QuestionId": "t1"}, {"Question": "b?", "QuestionId": "t1"}]
+    path = write(tmp_path, "dup.json", json.dumps({"Data": items}))
+    with pytest.raises(DataError, match=r"Data\[1\]: duplicate id 't1' \(first in Data\[0\]\)"):
+        load_questions(path)
