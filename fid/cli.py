@@ -123,7 +123,10 @@ def cmd_score_passages(args) -> None:
 
 def cmd_convert_checkpoint(args) -> None:
     from fid.convert import convert_reader_checkpoint
+    from fid.model_folder import check_tokenizer_source
 
+    if args.tokenizer is not None:
+        check_tokenizer_source(args.tokenizer)
     convert_reader_checkpoint(args.checkpoint, args.output, tokenizer=args.tokenizer)
 
 

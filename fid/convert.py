@@ -24,6 +24,7 @@ from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
 
 from fid.errors import InputError
 from fid.fileio import atomic_directory
+from fid.model_folder import ModelFolderError, check_model_folder
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,14 @@ def convert_reader_checkpoint(
         model.save_pretrained(tmp)
         if tokenizer is not None:
             AutoTokenizer.from_pretrained(tokenizer).save_pretrained(tmp)
+            # The folder must load as a reader: e.g. no tokenizer larger than the vocabulary.
+            try:
+                check_model_folder(tmp, what="reader", needs_pad_and_eos=True)
+            except ModelFolderError as error:
+                raise CheckpointError(
+                    f"--tokenizer {tokenizer} does not fit the checkpoint: "
+                    + str(error).replace(str(tmp), str(output))
+                ) from None
     if dropped:
         logger.info("dropped %s (see fid/convert.py for why this is safe)", ", ".join(dropped))
     if tokenizer is None:

@@ -138,6 +138,7 @@ def check_model_folder(
     tokenizer: bool = True,
     model_types: tuple[str, ...] | None = None,
     needs_pad_and_eos: bool = False,
+    encoder_only: bool = False,
 ) -> None:
     """Checks one Hugging Face model folder: config.json, weights, tokenizer and their sizes.
 
@@ -147,6 +148,7 @@ def check_model_folder(
         tokenizer: whether the folder must hold the model's tokenizer.
         model_types: the config's `model_type`s the command can load (None: any).
         needs_pad_and_eos: the tokenizer must define pad and EOS tokens (the reader's).
+        encoder_only: the model must be an encoder (a retriever's), not an encoder-decoder.
 
     Raises:
         ModelFolderError: naming the folder and the missing or inconsistent file.
@@ -165,6 +167,11 @@ def check_model_folder(
         raise ModelFolderError(
             f"{config_file}: model_type {model_type!r}, but a {what} must be one of "
             f"{', '.join(model_types)}. Hint: is this the right folder?"
+        )
+    if encoder_only and config.get("is_encoder_decoder"):
+        raise ModelFolderError(
+            f"{config_file}: an encoder-decoder ({model_type}), but a {what} is an encoder "
+            "(BERT, MiniLM, ...). Hint: is this the reader's folder?"
         )
     n_rows = _embedding_rows(_weights_shapes(folder))
     vocab_size = config.get("vocab_size")
@@ -228,7 +235,7 @@ def check_retriever(name_or_path: str | Path) -> None:
 
     spec_file = folder / CONFIG_FILE
     if not spec_file.is_file():
-        check_model_folder(folder, what="retriever encoder")
+        check_model_folder(folder, what="retriever encoder", encoder_only=True)
         return
     spec = _read_json(spec_file, "the dual encoder's spec")
     known = {field.name for field in dataclasses.fields(DualEncoderSpec)}
@@ -237,10 +244,15 @@ def check_retriever(name_or_path: str | Path) -> None:
         raise ModelFolderError(
             f"{spec_file}: expected an object with keys among {sorted(known)}, found {found}"
         )
-    check_model_folder(folder / "question_encoder", what="retriever's question encoder")
+    check_model_folder(
+        folder / "question_encoder", what="retriever's question encoder", encoder_only=True
+    )
     if spec.get("shared", True) is False:
         check_model_folder(
-            folder / "passage_encoder", what="retriever's passage encoder", tokenizer=False
+            folder / "passage_encoder",
+            what="retriever's passage encoder",
+            tokenizer=False,
+            encoder_only=True,
         )
     if spec.get("projection_dim") is not None:
         if not (folder / HEAD_FILE).is_file():
@@ -249,3 +261,18 @@ def check_retriever(name_or_path: str | Path) -> None:
                 f"{spec['projection_dim']}"
             )
         _safetensors_shapes(folder / HEAD_FILE)
+
+
+def check_tokenizer_source(name_or_path: str) -> None:
+    """Checks a tokenizer name or folder (`fid convert-checkpoint --tokenizer`).
+
+    Raises:
+        ModelFolderError: a folder without tokenizer files, or a name transformers cannot find.
+    """
+    folder = Path(name_or_path).expanduser()
+    if not folder.is_dir():
+        _check_hub_name(name_or_path, "tokenizer")
+    elif not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelFolderError(
+            f"{folder}: no tokenizer files: expected one of {', '.join(TOKENIZER_FILES)}"
+        )

@@ -176,6 +176,13 @@ def retriever_spec_with_unknown_key(i):
     return _with(_retrieve(i, retriever), retriever / "dual_encoder.json", "poolng")
 
 
+def reader_folder_as_retriever(i):
+    output = i.tmp / "out" / "model"
+    argv = ["train-retriever", "--train", i.questions, "--dev", i.questions, "--init-model",
+            i.model, "--output", output, "--state-dir", i.tmp / "state"]  # fmt: skip
+    return Case(argv, [str(i.model / "config.json"), "an encoder-decoder (t5)"], [output])
+
+
 def retriever_without_tokenizer(i):
     retriever = i.retriever_copy()
     (retriever / "question_encoder" / "tokenizer.json").unlink()
@@ -311,6 +318,19 @@ def _saved(obj) -> bytes:
     return buffer.getvalue()
 
 
+def convert_with_unknown_tokenizer(i):
+    case = _released(i, b"unread: the tokenizer is checked first")
+    case.argv += ["--tokenizer", "fid-test-no-such-tokenizer"]
+    return _with(case, "fid-test-no-such-tokenizer", "cannot load it as a hub name")
+
+
+def convert_with_tokenizer_folder_without_files(i):
+    case = _released(i, b"unread: the tokenizer is checked first")
+    (i.tmp / "empty").mkdir()
+    case.argv += ["--tokenizer", i.tmp / "empty"]
+    return _with(case, i.tmp / "empty", "no tokenizer files")
+
+
 def released_checkpoint_not_a_pickle(i):
     case = _released(i, b"<html>404 Not Found</html>")
     return _with(case, *case.messages, "UnpicklingError")
@@ -346,6 +366,9 @@ CASES = {
         retriever_without_head,
         retriever_spec_with_unknown_key,
         retriever_without_tokenizer,
+        reader_folder_as_retriever,
+        convert_with_unknown_tokenizer,
+        convert_with_tokenizer_folder_without_files,
         duplicate_question_ids_json,
         duplicate_question_ids_jsonl,
         duplicate_ids_in_raw_questions,
