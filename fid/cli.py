@@ -515,7 +515,7 @@ def _is_input_error(error: BaseException) -> bool:
     if isinstance(error, OSError) and error.errno in _NO_SPACE:
         return True
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(error, torch.OutOfMemoryError)
+    return torch is not None and isinstance(error, torch.cuda.OutOfMemoryError)
 
 
 def _input_error_message(error: BaseException, args: argparse.Namespace) -> str:

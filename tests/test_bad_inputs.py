@@ -495,3 +495,18 @@ def test_a_bug_keeps_its_traceback_and_says_so(exception, inputs, caplog, monkey
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert errors[0].exc_info is not None and errors[0].exc_info[1] is exception
     assert "bug in fid" in errors[-1].getMessage()
+
+
+def test_out_of_gpu_memory_is_one_line_with_a_hint(inputs, caplog, monkeypatch):
+    import fid.inference
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(fid.inference, "generate_answers", out_of_memory)
+    case = _eval_reader(inputs, inputs.model)
+    assert main([str(a) for a in case.argv]) == 1
+    (error,) = _error_lines(caplog)
+    assert "CUDA out of memory" in error and "Hint: lower the batch size" in error
+    assert not any(r.exc_info for r in caplog.records)
+    assert not any(output.exists() for output in case.outputs)
