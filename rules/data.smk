@@ -55,13 +55,14 @@ rule extract:
     resources:
         **res("extract"),
     params:
+        # a list, so that `:q` quotes the flag and the member one by one (none for a .gz)
         member=lambda wc: (
-            f"--member {EXTRACTS[wc.name]['member']}"
+            ["--member", EXTRACTS[wc.name]["member"]]
             if "member" in EXTRACTS[wc.name]
-            else ""
+            else []
         ),
     shell:
-        "fid extract --archive {input:q} {params.member} --output {output:q} > {log:q} 2>&1"
+        "fid extract --archive {input:q} {params.member:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule prepare_questions:
@@ -85,12 +86,13 @@ rule prepare_questions:
     resources:
         **res("prepare_questions"),
     params:
+        # a list, so that `:q` quotes the flag and the path one by one (none without an index)
         index=lambda wc, input: (
-            f"--index {input.index}" if "index" in input.keys() else ""
+            ["--index", input.index] if "index" in input.keys() else []
         ),
     shell:
-        "fid prepare-questions --config {input.config:q} --input {input.input:q} {params.index}"
-        " --output {output:q} > {log:q} 2>&1"
+        "fid prepare-questions --config {input.config:q} --input {input.input:q}"
+        " {params.index:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule make_demo_data:
@@ -128,7 +130,7 @@ rule pretrained_encoder:
     params:
         package=lambda wc: PRETRAINED[wc.name]["package"],
     shell:
-        f"cp -r $(python {GLUE}/pretrained_path.py {{params.package:q}}) {{output:q}}"
+        f'cp -r "$(python {GLUE}/pretrained_path.py {{params.package:q}})" {{output:q}}'
         " > {log:q} 2>&1"
 
 
