@@ -237,7 +237,12 @@ def _load_meta(index_dir: Path) -> dict:
             f"{index_dir}: not a BM25 index ({_META} not found). Hint: build it first with "
             "`fid build-bm25 --passages PASSAGES.tsv --output INDEX_FOLDER`."
         )
-    meta = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{path}: not valid UTF-8 JSON ({error}): rebuild the index") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: expected a JSON object, found {type(meta).__name__}")
     if meta.get("format") != INDEX_FORMAT:
         raise DataError(f"{path}: format {meta.get('format')!r}, expected {INDEX_FORMAT!r}")
     return meta

@@ -233,25 +233,28 @@ def cmd_retrieve(args) -> None:
 
 def cmd_eval_retrieval(args) -> None:
     from fid.config import EvalRetrievalConfig
-    from fid.data import load_examples
-    from fid.evaluation import retrieval_accuracy
+    from fid.data import DataError, load_examples
+    from fid.errors import InputError
+    from fid.evaluation import describe_retrieval_accuracy, retrieval_accuracy
     from fid.fileio import atomic_write_json
 
     cfg = _load_config(args, EvalRetrievalConfig)
     examples = load_examples(args.questions)
-    metrics = retrieval_accuracy(
-        [e.answers for e in examples],
-        [e.ctxs for e in examples],
-        cfg.ks,
-        cfg.has_answer_mode,
-        cfg.recompute_has_answer,
-    )
+    try:
+        metrics = retrieval_accuracy(
+            [e.answers for e in examples],
+            [e.ctxs for e in examples],
+            cfg.ks,
+            cfg.has_answer_mode,
+            cfg.recompute_has_answer,
+        )
+    except InputError as error:  # an answer of the file is no valid regex (has_answer_mode)
+        raise DataError(f"{args.questions}: {error}") from None
     atomic_write_json(args.output, metrics)
     if metrics["n_scored"] == 0:
         logger.warning("no question has gold answers: nothing to score (%s)", args.questions)
         return
-    table = "  ".join(f"top-{k} {metrics['accuracy'][str(k)]:.1f}" for k in cfg.ks)
-    logger.info("retrieval accuracy over %d questions: %s", metrics["n_scored"], table)
+    logger.info("retrieval accuracy: %s", describe_retrieval_accuracy(metrics))
 
 
 def cmd_make_demo_data(args) -> None:
@@ -298,7 +301,7 @@ def cmd_eval_baseline(args) -> None:
     metrics = answer_metrics([answer] * len(questions), [q["answers"] for q in questions])
     metrics.update(answer=answer, train_count=count, n_questions=len(questions))
     atomic_write_json(args.output, metrics)
-    logger.info("most common training answer %r: exact match %.2f on %s",
+    logger.info("most common training answer %r: EM %.2f%% on %s",
                 answer, metrics["exact_match"] or 0.0, args.questions)  # fmt: skip
 
 
@@ -468,7 +471,8 @@ def _run(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     try:
         args.device = distributed.setup(info)
-        args.func(args)
+        with _hold_training_state(args):
+            args.func(args)
     except Preempted as stop:
         logger.warning("%s: rerun the same command to resume", stop)
         # The checkpoint is written: a SIGTERM from now on (SLURM sends one to the job's tasks
@@ -489,6 +493,18 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         distributed.cleanup()
     return 0
+
+
+def _hold_training_state(args: argparse.Namespace):
+    """A training run holds its state folder from before its data and models are loaded, so a
+    second run on it ends at once (the loop's own hold is then a no-op)."""
+    import contextlib
+
+    if getattr(args, "state_dir", None) is None:
+        return contextlib.nullcontext()
+    from fid.training.state_lock import hold_state
+
+    return hold_state(args.state_dir, args.output)
 
 
 # Flags that name what a command writes (for errors that do not name the file, like ENOSPC).

@@ -41,6 +41,8 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Literal
 
+from fid.errors import InputError
+
 MatchMode = Literal["string", "regex"]
 _MODES = ("string", "regex")
 
@@ -169,7 +171,7 @@ def _compile(pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(_normalize(pattern), re.IGNORECASE | re.UNICODE | re.MULTILINE)
     except re.error as error:
-        raise ValueError(f"invalid answer regex {pattern!r}: {error}") from None
+        raise InputError(f"invalid answer regex {pattern!r}: {error}") from None
 
 
 def has_answer(answers: Sequence[str], text: str, mode: MatchMode = "string") -> bool:

@@ -106,20 +106,20 @@ def save_embedding_shard(
             or non-string id, a shard number out of range, or values float16 cannot hold.
     """
     if embeddings.ndim != 2:
-        raise ValueError(f"embeddings must be a 2-D (n, D) array, got shape {embeddings.shape}")
+        raise DataError(f"embeddings must be a 2-D (n, D) array, got shape {embeddings.shape}")
     ids = list(ids)
     if len(ids) != embeddings.shape[0]:
-        raise ValueError(f"{len(ids)} ids for {embeddings.shape[0]} embeddings: they must match")
+        raise DataError(f"{len(ids)} ids for {embeddings.shape[0]} embeddings: they must match")
     if not all(isinstance(i, str) for i in ids):
-        raise ValueError("passage ids must be strings")
+        raise DataError("passage ids must be strings")
     if len(set(ids)) != len(ids):
-        raise ValueError(f"duplicate passage ids in shard {shard}: {_first_duplicate(ids)!r}")
+        raise DataError(f"duplicate passage ids in shard {shard}: {_first_duplicate(ids)!r}")
     if not 0 <= shard < n_shards:
-        raise ValueError(f"shard = {shard} is out of range: expected 0 <= shard < {n_shards}")
+        raise DataError(f"shard = {shard} is out of range: expected 0 <= shard < {n_shards}")
     with np.errstate(over="ignore"):  # overflow becomes inf, reported just below
         half = embeddings.astype(np.float16)
     if not np.isfinite(half).all():
-        raise ValueError(
+        raise DataError(
             "embeddings hold values that are not finite in float16 (|x| > 65504, inf or nan)"
         )
     emb_path, ids_path, meta_path = _shard_paths(prefix)
@@ -398,15 +398,15 @@ class PassageIndex:
             ValueError: for a bad shape, no vectors, or ids that do not match the rows.
         """
         if embeddings.ndim != 2:
-            raise ValueError(f"embeddings must be a 2-D (N, D) array, got shape {embeddings.shape}")
+            raise DataError(f"embeddings must be a 2-D (N, D) array, got shape {embeddings.shape}")
         n, dim = embeddings.shape
         ids = np.asarray(ids, dtype=str)
         if n == 0:
-            raise ValueError("cannot build an index of zero passages")
+            raise DataError("cannot build an index of zero passages")
         if ids.shape != (n,):
-            raise ValueError(f"{len(ids)} ids for {n} embeddings: they must match")
+            raise DataError(f"{len(ids)} ids for {n} embeddings: they must match")
         if len(np.unique(ids)) != n:
-            raise ValueError(f"duplicate passage ids, e.g. {_first_duplicate(ids.tolist())!r}")
+            raise DataError(f"duplicate passage ids, e.g. {_first_duplicate(ids.tolist())!r}")
         start = time.perf_counter()
         try:
             index = faiss.index_factory(dim, cfg.factory, METRICS[cfg.metric])
@@ -476,7 +476,7 @@ class PassageIndex:
         """
         if queries.ndim != 2 or queries.shape[1] != self.dim:
             dims = f"d={queries.shape[-1]}" if queries.ndim == 2 else f"shape {queries.shape}"
-            raise ValueError(f"index built for d={self.dim}, queries have {dims}")
+            raise DataError(f"index built for d={self.dim}, queries have {dims}")
         if k < 1:
             raise ValueError(f"k = {k} is out of range: expected >= 1")
         k = min(k, self.count)

@@ -28,6 +28,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
+from fid.errors import InputError
+
 HEAD_FILE = "head.safetensors"
 CONFIG_FILE = "dual_encoder.json"
 
@@ -214,7 +216,7 @@ def load_released_retriever(state_dict: dict[str, torch.Tensor], model: DualEnco
     missing = [k for k in missing if not k.endswith("position_ids")]
     unexpected = [k for k in unexpected if not k.endswith("position_ids")]
     if missing or unexpected:
-        raise ValueError(
+        raise InputError(
             f"released retriever keys do not fit the encoder: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
@@ -226,4 +228,4 @@ def load_released_retriever(state_dict: dict[str, torch.Tensor], model: DualEnco
             {k[5:]: v for k, v in state_dict.items() if k.startswith("norm.")}
         )
     elif any(k.startswith(("proj.", "norm.")) for k in state_dict):
-        raise ValueError("the released retriever has a projection head: set projection_dim")
+        raise InputError("the released retriever has a projection head: set projection_dim")

@@ -276,6 +276,27 @@ def reader_lists_bad_json_line(i):
     return Case(argv, [f"{questions}: line 2", "invalid JSON"], [output])
 
 
+def answer_not_a_regex(i):
+    questions = write_json(i.tmp / "regex.json", [
+        {"id": "1", "question": "q", "answers": ["(unclosed"],
+         "ctxs": [{"id": "p1", "title": "t", "text": "some text"}]}])  # fmt: skip
+    config = i.tmp / "eval.yaml"
+    config.write_text("has_answer_mode: regex\nrecompute_has_answer: true\nks: [1]\n")
+    output = i.tmp / "out" / "accuracy.json"
+    argv = ["eval-retrieval", "--config", config, "--questions", questions, "--output", output]
+    return Case(argv, [str(questions), "invalid answer regex"], [output])
+
+
+def bm25_index_meta_not_json(i):
+    index = i.tmp / "bm25"
+    index.mkdir()
+    (index / "meta.json").write_text('{"format": ')
+    output = i.tmp / "out" / "bm25.json"
+    argv = ["retrieve-bm25", "--index", index, "--passages", i.passages, "--questions",
+            i.questions, "--output", output]  # fmt: skip
+    return Case(argv, [str(index / "meta.json"), "not valid UTF-8 JSON"], [output])
+
+
 # --- archives and checkpoints ---------------------------------------------------------------
 
 
@@ -379,6 +400,8 @@ CASES = {
         fp16_on_cpu,
         shard_out_of_range,
         reader_lists_bad_json_line,
+        answer_not_a_regex,
+        bm25_index_meta_not_json,
         truncated_gzip,
         truncated_tar_gz,
         released_checkpoint_not_a_pickle,

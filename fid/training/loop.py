@@ -36,6 +36,7 @@ from fid.checkpoint import (
     write_training_state,
 )
 from fid.config import ConfigError, TrainingConfig, config_to_dict
+from fid.errors import InputError
 from fid.fileio import (
     atomic_directory,
     atomic_write_json,
@@ -112,7 +113,7 @@ class _BatchStream:
                 self.progress.batch_in_epoch = 0
                 self.batches = self.task.epoch_batches(self.progress.epoch)
                 if not self.batches:
-                    raise ValueError("an epoch without batches: the training set is empty")
+                    raise InputError("an epoch without batches: the training set is empty")
             group.append(self.batches[self.progress.batch_in_epoch])
             self.progress.batch_in_epoch += 1
         return group
@@ -361,7 +362,7 @@ def _evaluate(
     task.model.train()
     results["eval_time_s"] = time.perf_counter() - started
     value = results[task.dev_metric]
-    logger.info("step %d dev %s %.4f", progress.step, task.dev_metric, value)
+    logger.info("step %d dev %s %.2f%%", progress.step, task.dev_metric, value)
     if metrics is not None:
         metrics.write("dev", progress.step, results)
     if _new_best(progress, value):
@@ -373,7 +374,7 @@ def _evaluate(
                 else:
                     task.save_model(tmp, state_dict=full)
                 atomic_write_json(tmp / "dev_metrics.json", {"step": progress.step, **results})
-            logger.info("new best dev %s %.4f at step %d", task.dev_metric, value, progress.step)
+            logger.info("new best dev %s %.2f%% at step %d", task.dev_metric, value, progress.step)
         distributed.barrier()
 
 
@@ -417,7 +418,7 @@ def train_and_export(
             export_best_model(state_dir, output_dir, record)
         distributed.barrier()
     logger.info(
-        "exported the best dev model (step %s, %s %.4f) to %s",
+        "exported the best dev model (step %s, %s %.2f%%) to %s",
         progress.best_step, task.dev_metric, progress.best_metric, output_dir,
     )  # fmt: skip
     return {"best_step": progress.best_step, task.dev_metric: progress.best_metric}
