@@ -4,6 +4,7 @@ refused under a changed config, time-based checkpoints, and decisions all ranks 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -119,6 +120,26 @@ def test_resume_refuses_a_changed_schedule_and_allows_cadences(
     assert _run(tmp_path, files, tiny_model_dir, eval_every_steps=1, log_every_steps=2) == 0
     assert "resuming" in caplog.text and "eval_every_steps: 2 -> 1" in caplog.text
     assert "resumed from" in caplog.text
+
+
+def test_resume_refuses_other_training_data_and_accepts_a_moved_copy(
+    tmp_path, files, tiny_model_dir, toy_records, caplog
+):
+    assert _run(tmp_path, files, tiny_model_dir) == 0
+    caplog.clear()
+    other = dict(files, train=write_json(tmp_path / "other.json", toy_records["train"][6:12]))
+    assert _run(tmp_path, other, tiny_model_dir) == 1
+    assert "step-2 was trained on other data" in caplog.text
+    assert f"train: {files['train']}" in caplog.text and str(other["train"]) in caplog.text
+    caplog.clear()
+    moved = dict(files, train=tmp_path / "moved.json")
+    moved["train"].write_bytes(files["train"].read_bytes())  # the same data elsewhere
+    assert _run(tmp_path, moved, tiny_model_dir) == 0
+    assert "resumed from" in caplog.text
+    record = yaml.safe_load((tmp_path / "out" / "model" / "train_config.yaml").read_text())
+    train = record["inputs"]["train"]  # provenance: what the exported model was trained on
+    assert train["path"] == str(moved["train"])
+    assert train["sha256"] == hashlib.sha256(files["train"].read_bytes()).hexdigest()
 
 
 def test_every_training_knob_has_a_resume_rule():

@@ -48,7 +48,12 @@ from fid.logs import MetricsWriter, PeakMemory
 from fid.signals import STOP_SIGNALS
 from fid.training import sharding
 from fid.training.optim import build_optimizer, build_scheduler
-from fid.training.resume import check_resume_config, saved_config
+from fid.training.resume import (
+    check_resume_config,
+    check_resume_inputs,
+    input_fingerprints,
+    saved_config,
+)
 from fid.training.state_lock import hold_state
 
 logger = logging.getLogger(__name__)
@@ -171,7 +176,12 @@ def run_training(
     # The newest checkpoint that verifies; its config is checked before any tensor is loaded,
     # so a refusal comes at once.
     resumed = load_newest_checkpoint(
-        state_dir, model, optimizer, scheduler, scaler, lambda path: _check_resume(path, cfg, rank)
+        state_dir,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        lambda path: _check_resume(path, cfg, config_record, rank),
     )
     if resumed is not None:
         path, progress = resumed
@@ -331,10 +341,14 @@ def run_training(
     return progress
 
 
-def _check_resume(checkpoint: Path, cfg: TrainingConfig, rank: int) -> None:
-    """Refuses to resume `checkpoint` under changed data, shape or schedule knobs (on every
-    rank alike: each reads the same file); rank 0 warns about the changes that are allowed."""
-    changes = check_resume_config(saved_config(checkpoint), cfg, checkpoint)
+def _check_resume(checkpoint: Path, cfg: TrainingConfig, record: dict, rank: int) -> None:
+    """Refuses to resume `checkpoint` on other data files or under changed data, shape or
+    schedule knobs (on every rank alike: each reads the same file); rank 0 warns about the
+    changes that are allowed."""
+    saved = saved_config(checkpoint)
+    if "inputs" in record:
+        check_resume_inputs(saved.get("inputs"), record["inputs"], checkpoint)
+    changes = check_resume_config(saved, cfg, checkpoint)
     if changes and rank == 0:
         logger.warning("resuming %s under a changed config: %s", checkpoint, "; ".join(changes))
 
@@ -399,11 +413,14 @@ def train_and_export(
     output_dir: str | Path,
     device: torch.device,
     precision: str,
+    inputs: dict[str, str | Path] | None = None,
 ) -> dict:
     """Runs (or resumes) training, then rank 0 exports best_dev to `output_dir`.
 
     The run holds `state_dir` throughout (`state_lock.hold_state`): a second run on it ends
     at once, and the leftovers of killed runs are swept from it and beside `output_dir`.
+    `inputs` (name -> data file) are fingerprinted by content into the run's record, so a
+    resume on other data is refused; the exported `train_config.yaml` keeps them as provenance.
 
     Returns:
         The exported model's step and dev metric.
@@ -412,6 +429,9 @@ def train_and_export(
         StateInUse: when another run holds `state_dir`.
     """
     record = config_to_dict(cfg)
+    if inputs:
+        fingerprints = input_fingerprints(inputs) if distributed.is_main() else None
+        record["inputs"] = distributed.broadcast_object(fingerprints)  # hashed once per run
     with hold_state(state_dir, output_dir):
         progress = run_training(task, cfg, state_dir, device, precision, record)
         if distributed.is_main():

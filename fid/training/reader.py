@@ -129,4 +129,5 @@ def train_reader(
     reader.set_attention(cfg.attention, device)
     reader.set_activation_checkpointing(cfg.activation_checkpointing)
     task = ReaderTask(reader, tokenizer, cfg, train, dev, device)
-    return train_and_export(task, cfg, state_dir, output_dir, device, cfg.precision)
+    inputs = {"train": train_path, "dev": dev_path}
+    return train_and_export(task, cfg, state_dir, output_dir, device, cfg.precision, inputs)

@@ -12,6 +12,7 @@ is refused, so a knob added without a decision is safe.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,51 @@ WARNED = frozenset({
 })  # fmt: skip
 
 _ABSENT = object()  # a key the checkpoint's config (an older version) does not have
+
+
+def input_fingerprints(inputs: dict[str, str | Path]) -> dict[str, dict[str, Any]]:
+    """Path, size and sha256 of each data file a run trains on (name -> fingerprint).
+
+    A run resumed on other data would be neither run, and the file's path says nothing (the
+    same path may hold new data; a copy elsewhere is the same data), so the content decides.
+    Hashing reads each file once (sha256 runs at ~1.2 GB/s here: seconds at NQ scale).
+    """
+    fingerprints = {}
+    for name, path in inputs.items():
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 24):
+                digest.update(block)
+        size = Path(path).stat().st_size
+        fingerprints[name] = {"path": str(path), "bytes": size, "sha256": digest.hexdigest()}
+    return fingerprints
+
+
+def check_resume_inputs(
+    saved: dict[str, dict[str, Any]] | None, current: dict[str, dict[str, Any]], source: str | Path
+) -> None:
+    """Refuses to resume a checkpoint trained on other data files (by content).
+
+    Args:
+        saved: `input_fingerprints` stored with the checkpoint (None: an older fid recorded none).
+        current: the fingerprints of this run's inputs.
+        source: the checkpoint, for messages.
+
+    Raises:
+        ConfigError: naming each input whose content changed, with both paths.
+    """
+    changed = [
+        f"{name}: {saved[name]['path']} ({saved[name]['bytes']} bytes) -> {now['path']} "
+        f"({now['bytes']} bytes, other content)"
+        for name, now in current.items()
+        if saved and name in saved and saved[name].get("sha256") != now["sha256"]
+    ]
+    if changed:
+        raise ConfigError(
+            f"{source} was trained on other data; resuming on {'; '.join(changed)} would mix "
+            "two runs. Hint: give the run its original files, or start afresh with another "
+            "--state-dir"
+        )
 
 
 def saved_config(checkpoint: str | Path) -> dict[str, Any]:

@@ -240,4 +240,5 @@ def train_retriever(
     )
     model.to(device)
     task = RetrieverTask(model, tokenizer, cfg, train, dev, device)
-    return train_and_export(task, cfg, state_dir, output_dir, device, cfg.precision)
+    inputs = {"train": train_path, "dev": dev_path}
+    return train_and_export(task, cfg, state_dir, output_dir, device, cfg.precision, inputs)
