@@ -116,8 +116,10 @@ def test_bad_config_fails_cleanly(config, message, tmp_path, files, tiny_model_d
     path = _yaml(tmp_path / "bad.yaml", config)
     assert main(_train_args(tmp_path, tiny_model_dir, files["train"], files["dev"], path)) == 1
     assert message in caplog.text and str(path) in caplog.text
-    # Only the run log (which records the error) is written; no model, no checkpoint.
-    assert [p.name for p in (tmp_path / "out").rglob("*") if p.is_file()] == ["train.log"]
+    # Only the run log (which records the error) and the state's lock file are written; no
+    # model, no checkpoint.
+    written = sorted(p.name for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert written == ["run.lock", "train.log"]
 
 
 def test_missing_files_fail_cleanly(tmp_path, files, tiny_model_dir, caplog):
