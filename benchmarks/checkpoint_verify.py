@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
-from fid import checkpoint
+from fid.training import checkpoint, manifest
 from fid.training.optim import build_optimizer, build_scheduler
 
 T5_BASE = dict(
@@ -82,23 +82,23 @@ def main() -> None:
                 state_dir, model, optimizer, scheduler, None, progress, {}, keep_last=1,
             )))  # fmt: skip
         folder = state_dir / "step-1"
-        names = checkpoint.checkpoint_files(folder)
+        names = manifest.checkpoint_files(folder)
         size_mb = sum((folder / name).stat().st_size for name in names) / 1e6
         write_s = min(writes)
-        seal_s = _timed(lambda: checkpoint.seal_checkpoint(folder))
+        seal_s = _timed(lambda: manifest.seal_checkpoint(folder))
         print(f"checkpoint: {size_mb:.0f} MB in {len(names)} files ({', '.join(names)})")
-        print(f"write (save_checkpoint, {checkpoint.CHECKSUM} manifest and fsync included): "
+        print(f"write (save_checkpoint, {manifest.CHECKSUM} manifest and fsync included): "
               f"{write_s:.2f} s ({size_mb / write_s:.0f} MB/s); of which the manifest "
               f"{seal_s:.2f} s")  # fmt: skip
         print(f"\n{'checksum':<9} {'cache':<6} {'verify s':>9} {'MB/s':>7} {'x write':>8}")
-        for name in checkpoint.CHECKSUMS:
-            checkpoint.write_manifest(folder, checkpoint.describe_files(folder, names, name), name)
+        for name in manifest.CHECKSUMS:
+            manifest.write_manifest(folder, manifest.describe_files(folder, names, name), name)
             for cache in ("warm", "cold"):
                 times = []
                 for _ in range(args.repeats):
                     if cache == "cold":
                         _drop_cache(folder)
-                    times.append(_timed(lambda: checkpoint.verify_checkpoint(folder)))
+                    times.append(_timed(lambda: manifest.verify_checkpoint(folder)))
                 verify_s = min(times)
                 print(f"{name:<9} {cache:<6} {verify_s:>9.2f} {size_mb / verify_s:>7.0f} "
                       f"{verify_s / write_s:>8.2f}")  # fmt: skip

@@ -1,8 +1,8 @@
 """What DDP over gloo costs a CPU training step, and how fast a signal becomes a checkpoint.
 
-The tiny reader of the demo (random T5 from `fid.init_models`: d_model 128, 2+2 layers, 4 heads,
+The tiny reader of the demo (random T5 from `fid.demo.tiny_models`: d_model 128, 2+2 layers, 4 heads,
 d_ff 512, a ~3k-piece tokenizer) reads 10 passages per question of the synthetic world
-(`fid.synthetic`), 4 questions per rank and step, every process on one thread:
+(`fid.demo.world`), 4 questions per rank and step, every process on one thread:
 
 - per-step time of `fid train-reader` in 1 process vs 2 gloo ranks started with torchrun's
   variables (each rank takes its own 4 questions: twice the questions per step), read from
@@ -60,9 +60,10 @@ def prepare(work: Path) -> dict[str, Path]:
     """Writes the world's reader data, a tokenizer + random T5, and the training configs."""
     import torch
 
-    from fid.config import InitReaderConfig
-    from fid.init_models import init_reader, train_tokenizer
-    from fid.synthetic import WorldConfig, build_world, reader_examples
+    from fid.config import InitReaderConfig, WorldConfig
+    from fid.demo.files import reader_examples
+    from fid.demo.tiny_models import build_tiny_t5, train_tokenizer
+    from fid.demo.world import build_world
 
     torch.set_num_threads(1)
     world = build_world(WorldConfig())
@@ -71,7 +72,7 @@ def prepare(work: Path) -> dict[str, Path]:
     texts = [p.title + " " + p.text for p in world.passages]
     texts += [q.question for q in world.splits["train"]]
     tokenizer = train_tokenizer(texts, vocab_size=3000)
-    model = init_reader(InitReaderConfig(), vocab_size=len(tokenizer))  # the demo's sizes
+    model = build_tiny_t5(InitReaderConfig(), vocab_size=len(tokenizer))  # the demo's sizes
     model.save_pretrained(work / "model")
     tokenizer.save_pretrained(work / "model")
     for name, records in (("train", train), ("dev", dev)):

@@ -47,7 +47,7 @@ def _rss_kb(field: str) -> int:
 
 
 def _examples(n_passages: int, seed: int = 0):
-    from fid.data import Example
+    from fid.data.examples import Example
 
     csv.field_size_limit(sys.maxsize)
     with open(SAMPLES / "dpr" / "psgs_w100.subset.tsv", newline="") as handle:
@@ -63,7 +63,7 @@ def _examples(n_passages: int, seed: int = 0):
 
 
 def _tokenizer():
-    from fid.init_models import train_tokenizer
+    from fid.demo.tiny_models import train_tokenizer
 
     csv.field_size_limit(sys.maxsize)
     with open(SAMPLES / "dpr" / "psgs_w100.subset.tsv", newline="") as handle:
@@ -76,9 +76,9 @@ def worker(setting: str, n_passages: int, steps: int, device_name: str = "cpu") 
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from fid.data import ReaderCollator
-    from fid.reader import FiDReader
-    from fid.training.loop import autocast
+    from fid.data.reader_batches import ReaderCollator
+    from fid.models.reader import FiDReader
+    from fid.runtime.precision import autocast
 
     torch.set_num_threads(1)
     pad_to_max, buckets, pack, precision, checkpointing = SETTINGS[setting]

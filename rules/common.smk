@@ -12,15 +12,15 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from fid.bm25 import BM25Config
+from fid.config import BM25Config
 from fid.config import ConfigError, config_from_dict
 from fid.config import EmbedPassagesConfig, EvalReaderConfig, EvalRetrievalConfig
 from fid.config import InitReaderConfig, InitRetrieverConfig, ReaderTrainConfig
 from fid.config import RetrieveConfig, RetrieverTrainConfig, ScorePassagesConfig
-from fid.demo_data import DemoDataConfig
-from fid.download import DownloadConfig
-from fid.index import IndexConfig
-from fid.prepare import PrepareQuestionsConfig, ReaderListsConfig
+from fid.config import DemoDataConfig
+from fid.config import DownloadConfig
+from fid.config import IndexConfig
+from fid.config import PrepareQuestionsConfig, ReaderListsConfig
 
 validate(config, schema="../config/config.schema.yaml")
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fid.config import InitReaderConfig
-from fid.init_models import init_reader, train_tokenizer
-from fid.reader import FiDReader
-from fid.synthetic import WorldConfig, build_world, reader_examples
+from fid.config import InitReaderConfig, WorldConfig
+from fid.demo.files import reader_examples
+from fid.demo.tiny_models import build_tiny_t5, train_tokenizer
+from fid.demo.world import build_world
+from fid.models.reader import FiDReader
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
@@ -48,7 +49,7 @@ def tokenizer(toy_world):
 
 @pytest.fixture
 def tiny_t5(tokenizer):
-    return init_reader(InitReaderConfig(vocab_size=400, **TINY), vocab_size=len(tokenizer))
+    return build_tiny_t5(InitReaderConfig(vocab_size=400, **TINY), vocab_size=len(tokenizer))
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     """A saved tiny T5 + tokenizer folder, as `fid init-reader` writes it."""
     path = tmp_path_factory.mktemp("tiny_model")
     torch.manual_seed(0)
-    t5 = init_reader(InitReaderConfig(vocab_size=400, **TINY), vocab_size=len(tokenizer))
+    t5 = build_tiny_t5(InitReaderConfig(vocab_size=400, **TINY), vocab_size=len(tokenizer))
     t5.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -415,13 +415,13 @@ CASES = {
 def tiny_retriever_dir(tmp_path_factory, toy_world):
     """A saved tiny DualEncoder (BERT, shared, projected) with its tokenizer."""
     from fid.config import InitRetrieverConfig
-    from fid.init_models import init_retriever, train_bert_tokenizer
-    from fid.retriever import DualEncoder, DualEncoderSpec
+    from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
+    from fid.models.retriever import DualEncoder, DualEncoderSpec
 
     path = tmp_path_factory.mktemp("tiny_retriever")
     tokenizer = train_bert_tokenizer([p.text for p in toy_world.passages], vocab_size=300)
     config = InitRetrieverConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    encoder = init_retriever(config, vocab_size=len(tokenizer))
+    encoder = build_tiny_bert(config, vocab_size=len(tokenizer))
     model = DualEncoder(encoder, None, DualEncoderSpec(projection_dim=8))
     model.save_pretrained(path, tokenizer=tokenizer)
     return path
@@ -489,12 +489,12 @@ def test_failed_record_write_leaves_no_download(inputs, caplog):
 
 def test_full_disk_names_the_outputs(inputs, caplog, monkeypatch):
     """ENOSPC raised by a write carries no file name: the message names the outputs."""
-    import fid.prepare
+    import fid.data.prepare
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(fid.prepare, "atomic_write_jsonl", no_space)
+    monkeypatch.setattr(fid.data.prepare, "atomic_write_jsonl", no_space)
     raw = inputs.tmp / "raw.jsonl"
     raw.write_text('{"question": "a?", "answer": ["x"]}\n')
     output = inputs.tmp / "q.jsonl"
@@ -506,12 +506,12 @@ def test_full_disk_names_the_outputs(inputs, caplog, monkeypatch):
 @pytest.mark.parametrize("exception", [ValueError("x must be > 0"), KeyError("ctxs"), OSError()])
 def test_a_bug_keeps_its_traceback_and_says_so(exception, inputs, caplog, monkeypatch):
     """An error no input check explains is a bug in fid: traceback plus one line saying so."""
-    import fid.prepare
+    import fid.data.prepare
 
     def broken(*args, **kwargs):
         raise exception
 
-    monkeypatch.setattr(fid.prepare, "prepare_questions", broken)
+    monkeypatch.setattr(fid.data.prepare, "prepare_questions", broken)
     raw = inputs.tmp / "raw.jsonl"
     raw.write_text('{"question": "a?", "answer": ["x"]}\n')
     assert main(["prepare-questions", "--input", str(raw), "--output", str(inputs.tmp / "o")]) == 1
@@ -521,12 +521,12 @@ def test_a_bug_keeps_its_traceback_and_says_so(exception, inputs, caplog, monkey
 
 
 def test_out_of_gpu_memory_is_one_line_with_a_hint(inputs, caplog, monkeypatch):
-    import fid.inference
+    import fid.evaluation.reader
 
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(fid.inference, "generate_answers", out_of_memory)
+    monkeypatch.setattr(fid.evaluation.reader, "generate_answers", out_of_memory)
     case = _eval_reader(inputs, inputs.model)
     assert main([str(a) for a in case.argv]) == 1
     (error,) = _error_lines(caplog)

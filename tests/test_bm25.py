@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fid.bm25 import BM25Config, build_bm25_index, retrieve_bm25
-from fid.config import ConfigError
-from fid.data import DataError
-from fid.evaluation import topk_accuracy
-from fid.has_answer import has_answer
-from fid.passages import load_passages
-from fid.questions import load_questions
+from fid.config import BM25Config, ConfigError
+from fid.data.passages import load_passages
+from fid.data.questions import load_questions
+from fid.errors import DataError
+from fid.metrics.has_answer import has_answer
+from fid.metrics.retrieval import topk_accuracy
+from fid.retrieval.bm25 import build_bm25, rank_bm25
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 SQUAD = SAMPLES / "squad-open-tiny"
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 @pytest.fixture(scope="module")
 def index_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("bm25") / "index"
-    build_bm25_index(PASSAGES, path, BM25Config())
+    build_bm25(PASSAGES, path, BM25Config())
     return path
 
 
@@ -39,7 +39,7 @@ def questions():
 
 @pytest.fixture(scope="module")
 def records(index_dir, questions):
-    return retrieve_bm25(index_dir, PASSAGES, questions, BM25Config(top_k=100))
+    return rank_bm25(index_dir, PASSAGES, questions, BM25Config(top_k=100))
 
 
 def hits(records):
@@ -100,10 +100,10 @@ def test_accuracy_on_squad_open_tiny(records):
 
 def test_reloaded_and_rebuilt_index_give_identical_results(index_dir, questions, records, tmp_path):
     cfg = BM25Config(top_k=100)
-    assert retrieve_bm25(index_dir, PASSAGES, questions, cfg) == records
+    assert rank_bm25(index_dir, PASSAGES, questions, cfg) == records
     rebuilt = tmp_path / "rebuilt"
-    build_bm25_index(PASSAGES, rebuilt, BM25Config())
-    assert retrieve_bm25(rebuilt, PASSAGES, questions, cfg) == records
+    build_bm25(PASSAGES, rebuilt, BM25Config())
+    assert rank_bm25(rebuilt, PASSAGES, questions, cfg) == records
 
 
 def test_a_second_question_file_reuses_the_index(index_dir, questions, records, tmp_path):
@@ -113,7 +113,7 @@ def test_a_second_question_file_reuses_the_index(index_dir, questions, records, 
         q["id"] = q["id"].replace("questions", "other")
     path = tmp_path / "other.jsonl"
     path.write_text("".join(json.dumps(q) + "\n" for q in subset))
-    other = retrieve_bm25(index_dir, PASSAGES, load_questions(path), BM25Config(top_k=20))
+    other = rank_bm25(index_dir, PASSAGES, load_questions(path), BM25Config(top_k=20))
     assert [r["ctxs"] for r in other] == [r["ctxs"][:20] for r in records[10:15]]
     assert {p.name: p.stat().st_mtime_ns for p in index_dir.iterdir()} == before
 
@@ -124,7 +124,7 @@ def test_unlabeled_and_empty_questions(index_dir):
         {"id": "u2", "question": "the of and", "answers": []},  # only stopwords: no tokens
         {"id": "u3", "question": "zyxwvut qqqq"},  # no token in the vocabulary
     ]
-    records = retrieve_bm25(index_dir, PASSAGES, questions, BM25Config(top_k=5))
+    records = rank_bm25(index_dir, PASSAGES, questions, BM25Config(top_k=5))
     assert [len(r["ctxs"]) for r in records] == [5, 5, 5]
     assert all(r["answers"] == [] for r in records)
     assert not any(ctx["has_answer"] for r in records for ctx in r["ctxs"])
@@ -133,16 +133,16 @@ def test_unlabeled_and_empty_questions(index_dir):
 
 
 def test_top_k_beyond_the_corpus_and_no_questions(index_dir, questions):
-    records = retrieve_bm25(index_dir, PASSAGES, questions[:2], BM25Config(top_k=1000))
+    records = rank_bm25(index_dir, PASSAGES, questions[:2], BM25Config(top_k=1000))
     assert [len(r["ctxs"]) for r in records] == [167, 167]
-    assert retrieve_bm25(index_dir, PASSAGES, [], BM25Config()) == []
+    assert rank_bm25(index_dir, PASSAGES, [], BM25Config()) == []
 
 
 def test_config_must_match_the_index(index_dir, questions):
     with pytest.raises(ConfigError, match="k1 = 1.2, but the BM25 index .* k1 = 0.9"):
-        retrieve_bm25(index_dir, PASSAGES, questions[:1], BM25Config(k1=1.2))
+        rank_bm25(index_dir, PASSAGES, questions[:1], BM25Config(k1=1.2))
     with pytest.raises(ConfigError, match="stopwords"):
-        retrieve_bm25(index_dir, PASSAGES, questions[:1], BM25Config(stopwords=None))
+        rank_bm25(index_dir, PASSAGES, questions[:1], BM25Config(stopwords=None))
 
 
 @pytest.mark.parametrize(
@@ -166,9 +166,9 @@ def test_wrong_passage_file_or_index(index_dir, questions, tmp_path):
     other = tmp_path / "other.tsv"
     other.write_text("id\ttext\ttitle\n1\tSuper Bowl 50\tA\nx2\tDenver Broncos\tB\n")
     with pytest.raises(DataError, match="passage 1 .* has id 'x2', but the BM25 index has '2'"):
-        retrieve_bm25(index_dir, other, questions, BM25Config())
+        rank_bm25(index_dir, other, questions, BM25Config())
     with pytest.raises(DataError, match="not a BM25 index"):
-        retrieve_bm25(tmp_path, PASSAGES, questions, BM25Config())
+        rank_bm25(tmp_path, PASSAGES, questions, BM25Config())
 
 
 def test_failed_build_leaves_the_old_index(index_dir, tmp_path):
@@ -177,11 +177,11 @@ def test_failed_build_leaves_the_old_index(index_dir, tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("id\ttext\ttitle\n1\tone\tA\n1\tagain\tB\n")
     with pytest.raises(DataError, match="duplicate id '1'"):
-        build_bm25_index(bad, target, BM25Config())
+        build_bm25(bad, target, BM25Config())
     assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in index_dir.iterdir())
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     with pytest.raises(DataError, match="no passages"):
-        build_bm25_index(_header_only(tmp_path), tmp_path / "empty", BM25Config())
+        build_bm25(_header_only(tmp_path), tmp_path / "empty", BM25Config())
     assert not (tmp_path / "empty").exists()
 
 

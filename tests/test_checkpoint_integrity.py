@@ -14,8 +14,9 @@ import yaml
 from conftest import write_json
 from safetensors.torch import load_file
 
-from fid import checkpoint
 from fid.cli import main
+from fid.training import checkpoint
+from fid.training import manifest as manifests
 from fid.training import reader as reader_training
 
 # Eval only at the end: best_dev is the final model, so runs compare by their exported weights.
@@ -85,9 +86,9 @@ def _copy_crashed(runs, tmp_path):
 
 def _reseal(folder):
     """A checkpoint whose manifest matches its (bad) files: what a buggy writer would leave."""
-    if (folder / checkpoint.MANIFEST).exists():
-        (folder / checkpoint.MANIFEST).unlink()
-        checkpoint.seal_checkpoint(folder)
+    if (folder / manifests.MANIFEST).exists():
+        (folder / manifests.MANIFEST).unlink()
+        manifests.seal_checkpoint(folder)
 
 
 def _truncate(path):
@@ -111,16 +112,16 @@ def _edit_state(folder, edit):
 
 
 def _wrong_checksum(folder):
-    manifest = json.loads((folder / checkpoint.MANIFEST).read_text())
+    manifest = json.loads((folder / manifests.MANIFEST).read_text())
     record = manifest["files"]["training_state.pt"]
     key = manifest["checksum"]
     record[key] = "0" * len(record[key])
-    (folder / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    (folder / manifests.MANIFEST).write_text(json.dumps(manifest))
 
 
 def _legacy(state_dir, damage=None):
     """A state folder written before checkpoints carried a manifest."""
-    for manifest in state_dir.glob(f"step-*/{checkpoint.MANIFEST}"):
+    for manifest in state_dir.glob(f"step-*/{manifests.MANIFEST}"):
         manifest.unlink()
     if damage is not None:
         damage(state_dir / "step-3")
@@ -138,7 +139,7 @@ CORRUPTIONS = {
     ),
     "missing training state": (lambda f: (f / "training_state.pt").unlink(), "training_state"),
     "truncated training state": (lambda f: _truncate(f / "training_state.pt"), "training_state"),
-    "missing manifest": (lambda f: (f / checkpoint.MANIFEST).unlink(), checkpoint.MANIFEST),
+    "missing manifest": (lambda f: (f / manifests.MANIFEST).unlink(), manifests.MANIFEST),
     "manifest mismatch": (_wrong_checksum, "checksum"),
     "file not in the manifest": (lambda f: (f / "notes.txt").write_text("x"), "notes.txt"),
 }
@@ -158,7 +159,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(
     assert f"resumed from {state / 'step-2'}" in caplog.text
     _assert_same_weights(runs["straight"], tmp_path)
     # The abandoned step-3 is replaced by the resumed run's own.
-    checkpoint.verify_checkpoint(state / "step-3")
+    manifests.verify_checkpoint(state / "step-3")
 
 
 @pytest.mark.parametrize("damage", [None, lambda f: _truncate(f / "model.safetensors")])
@@ -172,7 +173,7 @@ def test_checkpoints_without_a_manifest_resume_unverified(
     assert main(_args(runs["files"], tiny_model_dir, tmp_path)) == 0
     resumed = state / ("step-3" if damage is None else "step-2")
     assert f"resumed from {resumed}" in caplog.text
-    assert f"{resumed}: no {checkpoint.MANIFEST}" in caplog.text
+    assert f"{resumed}: no {manifests.MANIFEST}" in caplog.text
     assert "cannot be verified" in caplog.text
     _assert_same_weights(runs["straight"], tmp_path)
 
@@ -245,7 +246,7 @@ def test_sharded_checkpoints_verify_every_rank_shards(tmp_path, tiny_model_dir, 
     files["config"].write_text(yaml.safe_dump(dict(TRAIN, dropout=0.0, sharding="fsdp")))
     launch(_args(files, tiny_model_dir, tmp_path / "straight"), 2, tmp_path)
     state = tmp_path / "straight" / "state"
-    listed = json.loads((state / "step-3" / checkpoint.MANIFEST).read_text())["files"]
+    listed = json.loads((state / "step-3" / manifests.MANIFEST).read_text())["files"]
     shards = sorted(
         p.relative_to(state / "step-3").as_posix() for p in state.glob("step-3/sharded/*")
     )

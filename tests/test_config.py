@@ -6,14 +6,19 @@ import typing
 
 import pytest
 
-from fid.bm25 import BM25Config
 from fid.config import (
+    BM25Config,
     ConfigError,
+    DemoDataConfig,
+    DownloadConfig,
     EmbedPassagesConfig,
     EvalReaderConfig,
     EvalRetrievalConfig,
+    IndexConfig,
     InitReaderConfig,
     InitRetrieverConfig,
+    PrepareQuestionsConfig,
+    ReaderListsConfig,
     ReaderTrainConfig,
     RetrieveConfig,
     RetrieverTrainConfig,
@@ -21,10 +26,6 @@ from fid.config import (
     config_from_dict,
     load_config,
 )
-from fid.demo_data import DemoDataConfig
-from fid.download import DownloadConfig
-from fid.index import IndexConfig
-from fid.prepare import PrepareQuestionsConfig, ReaderListsConfig
 
 
 def test_defaults_and_yaml(tmp_path):

@@ -8,15 +8,9 @@ import pytest
 import torch
 from conftest import write_json
 
-from fid.data import (
-    DataError,
-    ReaderCollator,
-    choose_target,
-    epoch_batches,
-    load_examples,
-    passage_text,
-    top_passages,
-)
+from fid.data.examples import choose_target, load_examples, top_passages
+from fid.data.reader_batches import ReaderCollator, epoch_batches, passage_text
+from fid.errors import DataError
 
 
 def _record(i=0, n_ctx=3, **overrides):

@@ -22,7 +22,7 @@ import yaml
 from conftest import write_json
 from safetensors.torch import load_file
 
-from fid.distributed import DistInfo, DistributedError, init_from_env
+from fid.runtime.distributed import DistInfo, DistributedError, init_from_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(
 @pytest.mark.slow
 def test_retriever_two_ranks_equal_one_process(tmp_path, toy_records):
     from fid.config import InitRetrieverConfig
-    from fid.init_models import init_retriever, train_bert_tokenizer
+    from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
 
     records = []
     for record in toy_records["train"][:8] + toy_records["dev"][:5]:
@@ -144,7 +144,7 @@ def test_retriever_two_ranks_equal_one_process(tmp_path, toy_records):
     dev = write_json(tmp_path / "dev.json", records[8:])
     texts = [c["text"] for r in records for c in r["ctxs"]] + [r["question"] for r in records]
     tokenizer = train_bert_tokenizer(texts, 300)
-    init_retriever(InitRetrieverConfig(hidden_size=32, num_heads=4, intermediate_size=64),
+    build_tiny_bert(InitRetrieverConfig(hidden_size=32, num_heads=4, intermediate_size=64),
                    len(tokenizer)).save_pretrained(tmp_path / "bert")  # fmt: skip
     tokenizer.save_pretrained(tmp_path / "bert")
     for world, batch in ((1, 4), (2, 2)):
@@ -246,7 +246,7 @@ def test_interrupted_runs_end_bitwise_equal(tmp_path, tiny_model_dir, toy_record
 # record, or without ignoring the signals once the run is over, each kills the process (-10).
 _SIGNAL_AT = """
 import os, signal, sys
-import fid.training.loop as loop
+import fid.training.runs as runs
 name = sys.argv.pop(1)
 if name == "interpreter_exit":
     class SignalWhenCollected:  # collected with __main__'s globals, late in the shutdown
@@ -254,11 +254,11 @@ if name == "interpreter_exit":
             kill(pid, number)
     late = SignalWhenCollected()
 else:
-    original = getattr(loop, name)
+    original = getattr(runs, name)
     def signalled(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGUSR1)
         return original(*args, **kwargs)
-    setattr(loop, name, signalled)
+    setattr(runs, name, signalled)
 from fid.cli import command
 command()
 """

@@ -14,9 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from fid.cli import main
-from fid.config import ConfigError
-from fid.data import DataError
-from fid.download import DownloadConfig, DownloadError, download_file, extract_file, parse_checksum
+from fid.config import ConfigError, DownloadConfig
+from fid.data.download import DownloadError, download, extract, parse_checksum
+from fid.errors import DataError
 
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB, every byte value
 SHA256 = "sha256:" + hashlib.sha256(PAYLOAD).hexdigest()
@@ -76,7 +76,7 @@ def server():
 def test_good_file_is_accepted(server, tmp_path, checksum):
     server.files["/good.bin"] = PAYLOAD
     out = tmp_path / "sub" / "good.bin"
-    record = download_file(f"{server.url}/good.bin", out, checksum, FAST)
+    record = download(f"{server.url}/good.bin", out, checksum, FAST)
     assert out.read_bytes() == PAYLOAD
     assert record["sha256"] == SHA256[7:] and record["md5"] == MD5[4:]
     assert record["bytes"] == len(PAYLOAD)
@@ -89,7 +89,7 @@ def test_corrupted_file_is_rejected_by_its_checksum(server, tmp_path):
     server.files["/bad.bin"] = bytes(corrupted)
     out = tmp_path / "bad.bin"
     with pytest.raises(DownloadError, match="checksum mismatch") as error:
-        download_file(f"{server.url}/bad.bin", out, SHA256, FAST)
+        download(f"{server.url}/bad.bin", out, SHA256, FAST)
     assert SHA256[7:] in str(error.value)
     assert hashlib.sha256(corrupted).hexdigest() in str(error.value)
     assert not out.exists() and not (tmp_path / "bad.bin.part").exists()
@@ -99,7 +99,7 @@ def test_interrupted_download_is_resumed(server, tmp_path):
     server.files["/big.bin"] = PAYLOAD
     server.cut["/big.bin"] = 300_000  # the first response drops after 300 kB
     out = tmp_path / "big.bin"
-    download_file(f"{server.url}/big.bin", out, SHA256, FAST)
+    download(f"{server.url}/big.bin", out, SHA256, FAST)
     assert out.read_bytes() == PAYLOAD
     assert server.requests == [("/big.bin", None), ("/big.bin", "bytes=300000-")]
 
@@ -108,7 +108,7 @@ def test_partial_file_of_a_killed_run_is_resumed(server, tmp_path):
     server.files["/big.bin"] = PAYLOAD
     out = tmp_path / "big.bin"
     (tmp_path / "big.bin.part").write_bytes(PAYLOAD[:500_000])
-    download_file(f"{server.url}/big.bin", out, SHA256, FAST)
+    download(f"{server.url}/big.bin", out, SHA256, FAST)
     assert out.read_bytes() == PAYLOAD
     assert server.requests == [("/big.bin", "bytes=500000-")]
 
@@ -116,7 +116,7 @@ def test_partial_file_of_a_killed_run_is_resumed(server, tmp_path):
 def test_complete_partial_file_is_verified_without_refetching(server, tmp_path):
     server.files["/big.bin"] = PAYLOAD
     (tmp_path / "big.bin.part").write_bytes(PAYLOAD)
-    download_file(f"{server.url}/big.bin", tmp_path / "big.bin", MD5, FAST)
+    download(f"{server.url}/big.bin", tmp_path / "big.bin", MD5, FAST)
     assert (tmp_path / "big.bin").read_bytes() == PAYLOAD
 
 
@@ -124,13 +124,13 @@ def test_server_without_ranges_restarts_from_the_first_byte(server, tmp_path):
     server.files["/big.bin"] = PAYLOAD
     server.ranges = False
     (tmp_path / "big.bin.part").write_bytes(b"stale bytes of an older file")
-    download_file(f"{server.url}/big.bin", tmp_path / "big.bin", SHA256, FAST)
+    download(f"{server.url}/big.bin", tmp_path / "big.bin", SHA256, FAST)
     assert (tmp_path / "big.bin").read_bytes() == PAYLOAD
 
 
 def test_missing_file_fails_without_retrying(server, tmp_path):
     with pytest.raises(DownloadError, match="HTTP 404"):
-        download_file(f"{server.url}/nothing", tmp_path / "x", None, FAST)
+        download(f"{server.url}/nothing", tmp_path / "x", None, FAST)
     assert len(server.requests) == 1
 
 
@@ -145,10 +145,10 @@ def test_giving_up_keeps_the_partial_file_for_a_later_resume(server, tmp_path):
 
     server.cut = AlwaysCut()
     with pytest.raises(DownloadError, match="gave up after 2 attempts"):
-        download_file(f"{server.url}/big.bin", tmp_path / "big.bin", SHA256, cfg)
+        download(f"{server.url}/big.bin", tmp_path / "big.bin", SHA256, cfg)
     assert (tmp_path / "big.bin.part").stat().st_size == 200_000
     server.cut = {}
-    download_file(f"{server.url}/big.bin", tmp_path / "big.bin", SHA256, cfg)
+    download(f"{server.url}/big.bin", tmp_path / "big.bin", SHA256, cfg)
     assert (tmp_path / "big.bin").read_bytes() == PAYLOAD
 
 
@@ -190,22 +190,22 @@ def _tar(path, members: dict[str, bytes]):
 
 def test_extract_gzip_and_tar_members(tmp_path):
     (tmp_path / "p.tsv.gz").write_bytes(gzip.compress(b"id\ttext\ttitle\n1\ta\tb\n"))
-    extract_file(tmp_path / "p.tsv.gz", tmp_path / "p.tsv")
+    extract(tmp_path / "p.tsv.gz", tmp_path / "p.tsv")
     assert (tmp_path / "p.tsv").read_text() == "id\ttext\ttitle\n1\ta\tb\n"
 
     _tar(
         tmp_path / "index.tar.gz",
         {"./NQ.train.idx.json": b"[2, 0]", "data/TQA.dev.idx.json": b"[1]"},
     )
-    extract_file(tmp_path / "index.tar.gz", tmp_path / "a.json", "NQ.train.idx.json")
-    extract_file(tmp_path / "index.tar.gz", tmp_path / "b.json", "TQA.dev.idx.json")  # by name
+    extract(tmp_path / "index.tar.gz", tmp_path / "a.json", "NQ.train.idx.json")
+    extract(tmp_path / "index.tar.gz", tmp_path / "b.json", "TQA.dev.idx.json")  # by name
     assert (tmp_path / "a.json").read_text() == "[2, 0]"
     assert (tmp_path / "b.json").read_text() == "[1]"
 
     with pytest.raises(DataError, match="no such member 'NQ.dev.idx.json'.*NQ.train.idx.json"):
-        extract_file(tmp_path / "index.tar.gz", tmp_path / "c.json", "NQ.dev.idx.json")
+        extract(tmp_path / "index.tar.gz", tmp_path / "c.json", "NQ.dev.idx.json")
     with pytest.raises(DataError, match="name the member"):
-        extract_file(tmp_path / "index.tar.gz", tmp_path / "c.json")
+        extract(tmp_path / "index.tar.gz", tmp_path / "c.json")
     with pytest.raises(DataError, match="not a tar archive"):
-        extract_file(tmp_path / "p.tsv.gz", tmp_path / "c.json", "x")
+        extract(tmp_path / "p.tsv.gz", tmp_path / "c.json", "x")
     assert not (tmp_path / "c.json").exists()

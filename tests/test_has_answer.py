@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fid.has_answer import AnswerMatcher, has_answer, tokenize
-from fid.passages import iter_passages
+from fid.data.passages import iter_passages
+from fid.metrics.has_answer import AnswerMatcher, has_answer, tokenize
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 

@@ -1,4 +1,4 @@
-"""Tests of fid.index: embedding shards on disk, and PassageIndex build/search/save/load."""
+"""Tests of fid.retrieval.index: embedding shards on disk, and PassageIndex build/search/save/load."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from fid.config import ConfigError, config_from_dict
-from fid.data import DataError
-from fid.index import (
-    IndexConfig,
-    PassageIndex,
+from fid.config import ConfigError, IndexConfig, config_from_dict
+from fid.errors import DataError
+from fid.retrieval.embeddings import (
     load_embedding_shard,
     load_embedding_shards,
     save_embedding_shard,
 )
+from fid.retrieval.index import PassageIndex
 
 N, D = 2000, 32  # self-retrieval tests: big enough to train IVF16 and PQ8 (256 centroids)
 MODEL = "tiny-retriever"
@@ -277,7 +276,7 @@ def test_load_checks(tmp_path, caplog):
     PassageIndex.build(emb, passage_ids(20), IndexConfig(), MODEL).save(tmp_path / "index")
     with pytest.raises(DataError, match=r"index built for d=8 .*queries will have d=384"):
         PassageIndex.load(tmp_path / "index", expected_dim=384)
-    with caplog.at_level(logging.WARNING, logger="fid.index"):
+    with caplog.at_level(logging.WARNING, logger="fid.retrieval.index"):
         PassageIndex.load(tmp_path / "index", expected_model="another-model")
     assert "another-model" in caplog.text
     with pytest.raises(DataError, match="index folder not found"):
@@ -308,7 +307,7 @@ def test_ivf_with_too_few_training_vectors(caplog):
             emb, passage_ids(300), IndexConfig("IVF256,Flat", train_sample=100), MODEL
         )
     # Enough for faiss to run, too few to train well: a warning with the same hint.
-    with caplog.at_level(logging.WARNING, logger="fid.index"):
+    with caplog.at_level(logging.WARNING, logger="fid.retrieval.index"):
         PassageIndex.build(emb, passage_ids(300), IndexConfig("IVF64,Flat"), MODEL)
     assert "Hint: use fewer lists (e.g. IVF4" in caplog.text
     # PQ's own k-means (256 centroids per sub-quantizer) needs 256 vectors.

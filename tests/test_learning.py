@@ -13,14 +13,17 @@ from collections import Counter
 import pytest
 import torch
 
-from fid.config import InitReaderConfig, ReaderTrainConfig
-from fid.data import ReaderCollator, load_examples
-from fid.evaluation import answer_metrics
-from fid.fileio import atomic_write_json
-from fid.inference import generate_answers
-from fid.init_models import init_reader, train_tokenizer
-from fid.synthetic import WorldConfig, build_world, reader_examples
-from fid.training.reader import load_reader, train_reader
+from fid.config import InitReaderConfig, ReaderTrainConfig, WorldConfig
+from fid.data.examples import load_examples
+from fid.data.reader_batches import ReaderCollator
+from fid.demo.files import reader_examples
+from fid.demo.tiny_models import build_tiny_t5, train_tokenizer
+from fid.demo.world import build_world
+from fid.inference.generation import generate_answers
+from fid.metrics.answers import answer_metrics
+from fid.models.loading import load_reader
+from fid.runtime.fileio import atomic_write_json
+from fid.training.reader import train_reader
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +52,7 @@ def test_reader_learns_to_find_and_copy_the_answer(tmp_path):
     texts = [p.title + " " + p.text for p in world.passages]
     texts += [q.question + " " + q.answers[0] for q in world.splits["train"]]
     tokenizer = train_tokenizer(texts, vocab_size=3000)
-    t5 = init_reader(InitReaderConfig(), vocab_size=len(tokenizer))
+    t5 = build_tiny_t5(InitReaderConfig(), vocab_size=len(tokenizer))
     t5.save_pretrained(tmp_path / "init")
     tokenizer.save_pretrained(tmp_path / "init")
     cpu = torch.device("cpu")

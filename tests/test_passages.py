@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fid.data import DataError
-from fid.passages import (
+from fid.data.passages import (
     Passage,
     check_unique_ids,
     count_passages,
@@ -16,6 +15,7 @@ from fid.passages import (
     load_passages,
     passage_shard_bounds,
 )
+from fid.errors import DataError
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 SUBSET = SAMPLES / "dpr" / "psgs_w100.subset.tsv"
@@ -145,7 +145,7 @@ def test_missing_file(tmp_path):
 
 
 def test_fetch_passages_reads_only_the_wanted_rows(tmp_path):
-    from fid.passages import fetch_passages
+    from fid.data.passages import fetch_passages
 
     path = tmp_path / "p.tsv"
     path.write_text(
@@ -161,10 +161,10 @@ def test_short_passages_are_counted_in_the_log(tmp_path, caplog):
     """DPR-style chunk tails of a few words are kept but reported (not an error)."""
     path = write(tmp_path, "id\ttext\ttitle\n1\tone two three four five\tA\n2\tthe end\tA\n"
                  "3\t  a  b   c d \tB\n")  # fmt: skip
-    with caplog.at_level("INFO", logger="fid.passages"):
+    with caplog.at_level("INFO", logger="fid.data.passages"):
         assert len(list(iter_passages(path))) == 3
     assert "2 passages have fewer than 5 words (e.g. id '2')" in caplog.text
     caplog.clear()
-    with caplog.at_level("INFO", logger="fid.passages"):
+    with caplog.at_level("INFO", logger="fid.data.passages"):
         list(iter_passages(SQUAD))
     assert "fewer than" not in caplog.text

@@ -8,9 +8,9 @@ import pytest
 from conftest import SAMPLES
 
 from fid.cli import main
-from fid.config import ConfigError
-from fid.data import DataError
-from fid.prepare import PrepareQuestionsConfig, prepare_questions
+from fid.config import ConfigError, PrepareQuestionsConfig
+from fid.data.prepare import prepare_questions
+from fid.errors import DataError
 
 
 def _read(path):
@@ -130,7 +130,8 @@ def test_eval_baseline(tmp_path):
 
 
 def test_make_reader_lists_forces_the_gold_passage_in(tmp_path):
-    from fid.prepare import ReaderListsConfig, make_reader_lists
+    from fid.config import ReaderListsConfig
+    from fid.data.prepare import make_reader_lists
 
     passages = tmp_path / "passages.tsv"
     passages.write_text("id\ttext\ttitle\n" + "".join(f"p{i}\ttext {i}\tT{i}\n" for i in range(8)))

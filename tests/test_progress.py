@@ -11,7 +11,7 @@ import pytest
 from conftest import SAMPLES
 
 from fid.cli import main
-from fid.logs import PROGRESS_INTERVAL_ENV, progress
+from fid.runtime.logs import PROGRESS_INTERVAL_ENV, progress
 
 SQUAD = SAMPLES / "squad-open-tiny"
 log = logging.getLogger("fid.test_progress")
@@ -111,9 +111,13 @@ def test_retrieve_bm25_and_eval_retrieval_log_progress(tmp_path, monkeypatch):
     search = re.findall(r"BM25 search: (\d+)/200 questions \(\d+%\), [\d.,]+ questions/s, "
                         r"elapsed \d\d:\d\d, (?:ETA \d\d:\d\d|done)", text)  # fmt: skip
     assert search == ["50", "100", "150", "200"], text
-    assert re.search(r"fid.bm25: tokenize: [\d,]+ passages, [\d.,]+ passages/s", text), text
-    assert re.search(r"fid.bm25: fetch passages: \d+/\d+ rows \(100%\).*done", text), text
-    assert re.search(r"fid.evaluation: has-answer: 200/200 questions \(100%\).*done", text), text
+    assert re.search(r"fid.retrieval.bm25: tokenize: [\d,]+ passages, [\d.,]+ passages/s", text), (
+        text
+    )
+    assert re.search(r"fid.retrieval.bm25: fetch passages: \d+/\d+ rows \(100%\).*done", text), text
+    assert re.search(
+        r"fid.metrics.retrieval: has-answer: 200/200 questions \(100%\).*done", text
+    ), text
 
 
 def test_a_bad_interval_in_the_environment_names_the_variable(clock, monkeypatch):

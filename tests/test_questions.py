@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fid.data import DataError
-from fid.questions import load_questions
+from fid.data.questions import load_questions
+from fid.errors import DataError
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from conftest import SAMPLES  # noqa: F401  (keeps the import path of shared fixtures)
 
-from fid.data import ReaderCollator, load_examples
-from fid.reader import FiDReader
+from fid.data.examples import load_examples
+from fid.data.reader_batches import ReaderCollator
+from fid.models.reader import FiDReader
 
 
 def _batch(tokenizer, toy_records, tmp_path, n_passages=6, n_questions=3):

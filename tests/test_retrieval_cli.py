@@ -10,7 +10,7 @@ import pytest
 from conftest import SAMPLES, write_json
 
 from fid.cli import main
-from fid.index import PassageIndex
+from fid.retrieval.index import PassageIndex
 
 SQUAD = SAMPLES / "squad-open-tiny"
 
@@ -108,7 +108,7 @@ def test_bad_inputs(tmp_path, minilm, bm25_run, caplog, monkeypatch):
     assert str(wrong) in caplog.text and not (tmp_path / "o.json").exists()
 
     # An index of 8-d vectors cannot serve a 384-d retriever.
-    from fid.index import IndexConfig
+    from fid.config import IndexConfig
 
     rng = np.random.default_rng(0)
     small = PassageIndex.build(rng.standard_normal((10, 8)).astype(np.float32),

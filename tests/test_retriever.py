@@ -8,11 +8,12 @@ import pytest
 import torch
 from conftest import write_json
 
-from fid.config import InitRetrieverConfig, RetrieverTrainConfig
-from fid.data import load_examples
-from fid.init_models import init_retriever, train_bert_tokenizer
-from fid.retriever import DualEncoder, DualEncoderSpec, load_released_retriever
-from fid.synthetic import WorldConfig, build_world, reader_examples
+from fid.config import InitRetrieverConfig, RetrieverTrainConfig, WorldConfig
+from fid.data.examples import load_examples
+from fid.demo.files import reader_examples
+from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
+from fid.demo.world import build_world
+from fid.models.retriever import DualEncoder, DualEncoderSpec, load_released_retriever
 from fid.training.retriever import (
     RetrieverTask,
     distillation_examples,
@@ -36,7 +37,7 @@ def wordpiece(world):
 
 def _encoder(wordpiece, seed=0, **overrides):
     cfg = InitRetrieverConfig(seed=seed, **{**SMALL_BERT, **overrides})
-    return init_retriever(cfg, vocab_size=len(wordpiece))
+    return build_tiny_bert(cfg, vocab_size=len(wordpiece))
 
 
 def test_mean_and_cls_pooling(wordpiece):
@@ -180,7 +181,7 @@ def test_distilled_retriever_learns_the_teachers_ranking(tmp_path, world, wordpi
 def test_tokenizers_are_reproducible(world):
     """Rebuilding the pipeline must rebuild the same vocabulary (tokenizers' WordPiece trainer
     does not: it breaks ties at random)."""
-    from fid.init_models import train_tokenizer
+    from fid.demo.tiny_models import train_tokenizer
 
     texts = [p.title + " " + p.text for p in world.passages]
     for train in (train_bert_tokenizer, train_tokenizer):

@@ -8,8 +8,9 @@ import pytest
 import torch
 from conftest import write_json
 
-from fid.data import ReaderCollator, load_examples
-from fid.reader import FiDReader
+from fid.data.examples import load_examples
+from fid.data.reader_batches import ReaderCollator
+from fid.models.reader import FiDReader
 
 
 @pytest.fixture

@@ -161,8 +161,9 @@ def test_no_weight_decay_on_biases_and_norms(tiny_t5):
 
 def test_accumulation_matches_a_larger_batch(tiny_model_dir, tmp_path, data):
     """2 micro-batches of 3 accumulate to the gradient of one batch of 6."""
-    from fid.data import load_examples
-    from fid.training.reader import ReaderTask, load_reader
+    from fid.data.examples import load_examples
+    from fid.models.loading import load_reader
+    from fid.training.reader import ReaderTask
 
     cfg = _config(dropout=0.0)
     reader, tokenizer = load_reader(str(tiny_model_dir), 2, True, dropout=0.0)

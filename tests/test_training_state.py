@@ -204,8 +204,8 @@ def data_files(files):
 _RANK = """
 import datetime, json, os, sys
 import torch, torch.distributed as dist
-from fid import distributed
-from fid.checkpoint import TrainingProgress
+from fid.runtime import distributed
+from fid.training.checkpoint import TrainingProgress
 from fid.training import loop
 from fid.training.state_lock import StateInUse, hold_state
 rank, port, state, busy, result = int(sys.argv[1]), sys.argv[2], *sys.argv[3:]

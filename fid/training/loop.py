@@ -20,41 +20,39 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import yaml
 from torch import nn
 from tqdm import tqdm
 
-from fid import distributed
-from fid.checkpoint import (
-    SHARDED_DIR,
-    TrainingProgress,
-    load_newest_checkpoint,
-    publish_checkpoint,
-    rng_state,
-    save_checkpoint,
-    seal_shared_checkpoint,
-    write_training_state,
-)
-from fid.config import ConfigError, TrainingConfig, config_to_dict
+from fid.config import ConfigError, TrainingConfig
 from fid.errors import InputError
-from fid.fileio import (
+from fid.runtime import distributed
+from fid.runtime.fileio import (
     atomic_directory,
     atomic_write_json,
     fsync_files,
     recover_directory,
     temporary_directory,
 )
-from fid.logs import MetricsWriter, PeakMemory
-from fid.signals import STOP_SIGNALS
+from fid.runtime.logs import MetricsWriter, PeakMemory
+from fid.runtime.precision import autocast
+from fid.runtime.signals import STOP_SIGNALS
 from fid.training import sharding
+from fid.training.checkpoint import (
+    SHARDED_DIR,
+    TrainingProgress,
+    load_newest_checkpoint,
+    publish_checkpoint,
+    rng_state,
+    save_checkpoint,
+    write_training_state,
+)
+from fid.training.manifest import seal_shared_checkpoint
 from fid.training.optim import build_optimizer, build_scheduler
 from fid.training.resume import (
     check_resume_config,
     check_resume_inputs,
-    input_fingerprints,
     saved_config,
 )
-from fid.training.state_lock import hold_state
 
 logger = logging.getLogger(__name__)
 
@@ -79,21 +77,6 @@ class TrainTask(Protocol):
     def save_model(self, path: Path, state_dict: dict | None = None) -> None:
         """Writes the model in its final, loadable format into the folder `path` (from
         `state_dict`, the full weights, when the model itself is sharded)."""
-
-
-def autocast(device: torch.device, precision: str):
-    """The mixed-precision context of a precision setting ("auto", "fp32", "bf16", "fp16").
-
-    "auto" is bf16 on a GPU and fp32 on a CPU (where bf16 matmuls of small models are slower).
-    """
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if precision == "fp16" and device.type != "cuda":
-        raise ValueError("precision fp16 needs a CUDA device; use bf16 or fp32 on CPU")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class Preempted(Exception):
@@ -404,50 +387,3 @@ def _new_best(progress: TrainingProgress, value: float) -> bool:
         progress.best_metric, progress.best_step = value, progress.step
         return True
     return False
-
-
-def train_and_export(
-    task: TrainTask,
-    cfg: TrainingConfig,
-    state_dir: str | Path,
-    output_dir: str | Path,
-    device: torch.device,
-    precision: str,
-    inputs: dict[str, str | Path] | None = None,
-) -> dict:
-    """Runs (or resumes) training, then rank 0 exports best_dev to `output_dir`.
-
-    The run holds `state_dir` throughout (`state_lock.hold_state`): a second run on it ends
-    at once, and the leftovers of killed runs are swept from it and beside `output_dir`.
-    `inputs` (name -> data file) are fingerprinted by content into the run's record, so a
-    resume on other data is refused; the exported `train_config.yaml` keeps them as provenance.
-
-    Returns:
-        The exported model's step and dev metric.
-
-    Raises:
-        StateInUse: when another run holds `state_dir`.
-    """
-    record = config_to_dict(cfg)
-    if inputs:
-        fingerprints = input_fingerprints(inputs) if distributed.is_main() else None
-        record["inputs"] = distributed.broadcast_object(fingerprints)  # hashed once per run
-    with hold_state(state_dir, output_dir):
-        progress = run_training(task, cfg, state_dir, device, precision, record)
-        if distributed.is_main():
-            export_best_model(state_dir, output_dir, record)
-        distributed.barrier()
-    logger.info(
-        "exported the best dev model (step %s, %s %.2f%%) to %s",
-        progress.best_step, task.dev_metric, progress.best_metric, output_dir,
-    )  # fmt: skip
-    return {"best_step": progress.best_step, task.dev_metric: progress.best_metric}
-
-
-def export_best_model(state_dir: str | Path, output_dir: str | Path, record: dict) -> None:
-    """Writes best_dev, with the run's metrics.jsonl and config, atomically to `output_dir`."""
-    state_dir = Path(state_dir)
-    with atomic_directory(output_dir) as tmp:
-        shutil.copytree(state_dir / "best_dev", tmp, dirs_exist_ok=True)
-        shutil.copy(state_dir / "metrics.jsonl", tmp / "metrics.jsonl")
-        (tmp / "train_config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))

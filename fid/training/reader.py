@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, T5ForConditionalGeneration
 
-from fid import distributed
 from fid.config import ReaderTrainConfig
-from fid.data import Example, ReaderCollator, choose_target, epoch_batches, load_examples
-from fid.evaluation import answer_metrics
-from fid.inference import generate_answers
-from fid.reader import FiDReader
-from fid.training.loop import train_and_export
+from fid.data.examples import Example, choose_target, load_examples
+from fid.data.reader_batches import ReaderCollator, epoch_batches
+from fid.inference.generation import generate_answers
+from fid.metrics.answers import answer_metrics
+from fid.models.folder_checks import check_reader
+from fid.models.loading import load_reader
+from fid.models.reader import FiDReader
+from fid.runtime import distributed
+from fid.runtime.precision import resolve_precision
+from fid.training.runs import train_and_export
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +27,7 @@ logger = logging.getLogger(__name__)
 class ReaderTask:
     """The reader as a `TrainTask`: teacher-forced loss, dev exact match, HF save format."""
 
-    dev_metric = "exact_match"  # percent, as every dev metric (fid.evaluation)
+    dev_metric = "exact_match"  # percent, as every dev metric (fid.metrics.answers)
 
     def __init__(
         self,
@@ -94,16 +98,6 @@ class ReaderTask:
         return self.model.fsdp_units()
 
 
-def load_reader(
-    name_or_path: str, encoder_buckets: int, pack_passages: bool, dropout: float | None = None
-) -> tuple[FiDReader, object]:
-    """A FiD reader and its tokenizer from a hub name or a local folder."""
-    overrides = {} if dropout is None else {"dropout_rate": dropout}
-    t5 = T5ForConditionalGeneration.from_pretrained(name_or_path, **overrides)
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    return FiDReader(t5, encoder_buckets, pack_passages), tokenizer
-
-
 def train_reader(
     cfg: ReaderTrainConfig,
     train_path: Path,
@@ -121,6 +115,9 @@ def train_reader(
     Returns:
         The exported model's dev metrics.
     """
+    check_reader(init_model)
+    # "auto" becomes what it means on this device, in the run's record too
+    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
     train = load_examples(train_path, require_answers=True)
     dev = load_examples(dev_path, require_answers=True)
     logger.info("%d training and %d dev questions", len(train), len(dev))

@@ -12,6 +12,7 @@ indexing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,12 +20,16 @@ from pathlib import Path
 
 import torch
 
-from fid import distributed
 from fid.config import RetrieverTrainConfig
-from fid.data import DataError, Example, epoch_batches, load_examples
-from fid.has_answer import AnswerMatcher
-from fid.retriever import DualEncoder, RetrieverTokenizer
-from fid.training.loop import train_and_export
+from fid.data.examples import Example, load_examples
+from fid.data.reader_batches import epoch_batches
+from fid.errors import DataError
+from fid.metrics.has_answer import AnswerMatcher
+from fid.models.folder_checks import check_retriever
+from fid.models.retriever import DualEncoder, RetrieverTokenizer
+from fid.runtime import distributed
+from fid.runtime.precision import resolve_precision
+from fid.training.runs import train_and_export
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +229,9 @@ def train_retriever(
     Returns:
         The exported model's best step and dev metric.
     """
+    check_retriever(init_model)
+    # "auto" becomes what it means on this device, in the run's record too
+    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
     train = distillation_examples(
         load_examples(train_path), cfg.n_passages, cfg.score_key, str(train_path)
     )

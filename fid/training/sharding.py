@@ -9,7 +9,7 @@ own calls (encode, generate, scoring) bypass.
 
 Checkpoints are sharded with torch.distributed.checkpoint: each rank writes its part into the
 same temporary folder (`.step-N.<random>.tmp`, named by rank 0); once all have finished, the
-ranks checksum a share of its files each for the manifest (fid.checkpoint), and rank 0 writes
+ranks checksum a share of its files each for the manifest (fid.training.checkpoint), and rank 0 writes
 the manifest and renames the folder into place.
 
 Works with gloo on CPU (tested with 2 processes) and nccl on GPU.

@@ -32,8 +32,8 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from fid import distributed
-from fid.fileio import recover_directory
+from fid.runtime import distributed
+from fid.runtime.fileio import recover_directory
 
 logger = logging.getLogger(__name__)
 

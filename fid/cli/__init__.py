@@ -1,0 +1,130 @@
+"""The `fid` command: one subcommand per workflow step (fid/cli/parser.py lists them).
+
+Paths come from flags; knobs come from the YAML given by `--config` (fid/config). This package is
+the only place that parses arguments, sets up logging, initialises the distributed run and turns
+errors into exit statuses (fid/cli/exit_status.py): a bad input ends with one clear message and
+exit status 1, and no partial output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from fid.cli.exit_status import (
+    EXIT_ERROR,
+    EXIT_PREEMPTED,
+    input_error_message,
+    is_input_error,
+)
+from fid.cli.parser import build_parser
+
+# stdlib only: the signal record is installed before torch is imported
+from fid.runtime.signals import STOP_SIGNALS
+
+logger = logging.getLogger("fid")
+
+__all__ = ["EXIT_ERROR", "EXIT_PREEMPTED", "build_parser", "command", "main"]
+
+
+def _set_threads(threads: int | None) -> None:
+    """Ties torch's CPU threads to what the job was given (2 busy processes on 2 cores with 2
+    threads each run many times slower)."""
+    if threads is None:
+        threads = int(os.environ.get("FID_THREADS", "0")) or None
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `fid` command as a function (tests call it in-process): its exit status."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "state_dir", None) is None:
+        return _run(args)
+    # A training run: SIGUSR1/SIGTERM are recorded, not a kill, from here (before torch is
+    # imported) to the end of the run; the loop stops on them with a checkpoint.
+    with STOP_SIGNALS:
+        return _run(args)
+
+
+def command() -> None:
+    """The `fid` process (console script, `python -m fid`): after a training run it ignores
+    SIGUSR1/SIGTERM until it exits, so that a late one during the shutdown is no kill."""
+    STOP_SIGNALS.ignore_when_released()
+    sys.exit(main())
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Runs one parsed command: its exit status (EXIT_ERROR on bad input, EXIT_PREEMPTED)."""
+    from fid.runtime import distributed
+    from fid.runtime.logs import setup_logging
+    from fid.training.loop import Preempted
+
+    try:
+        info = distributed.init_from_env()
+    except distributed.DistributedError as error:
+        setup_logging(rank=0)
+        logger.error("%s", error)
+        return EXIT_ERROR
+    log_file = args.log_file
+    if log_file is None and getattr(args, "state_dir", None) is not None:
+        log_file = args.state_dir / "train.log"
+    # Every rank appends to the run log; other ranks log warnings only.
+    setup_logging(rank=info.rank, file=log_file)
+    _set_threads(args.threads)
+    try:
+        args.device = distributed.setup(info)
+        with _hold_training_state(args):
+            args.func(args)
+    except Preempted as stop:
+        logger.warning("%s: rerun the same command to resume", stop)
+        # The checkpoint is written: a SIGTERM from now on (SLURM sends one to the job's tasks
+        # on requeue) must not turn the clean exit into a kill.
+        STOP_SIGNALS.ignore()
+        _requeue_if_asked()
+        return EXIT_PREEMPTED
+    except Exception as error:  # the command's end: every error gets its message and status
+        if is_input_error(error):
+            logger.error("%s", input_error_message(error, args))
+        else:
+            logger.error("%s: %s", type(error).__name__, error, exc_info=error)
+            logger.error(
+                "this is a bug in fid (no input check explains the error above): please report "
+                "it with the command line and this traceback"
+            )
+        return EXIT_ERROR
+    finally:
+        distributed.cleanup()
+    return 0
+
+
+def _hold_training_state(args: argparse.Namespace):
+    """A training run holds its state folder from before its data and models are loaded, so a
+    second run on it ends at once (the loop's own hold is then a no-op)."""
+    import contextlib
+
+    if getattr(args, "state_dir", None) is None:
+        return contextlib.nullcontext()
+    from fid.training.state_lock import hold_state
+
+    return hold_state(args.state_dir, args.output)
+
+
+def _requeue_if_asked() -> None:
+    """With FID_SLURM_REQUEUE=1 inside a SLURM job, rank 0 requeues the job after a
+    preemption checkpoint (SLURM then restarts it and training resumes)."""
+    import subprocess
+
+    from fid.runtime import distributed
+
+    job = os.environ.get("SLURM_JOB_ID")
+    if os.environ.get("FID_SLURM_REQUEUE") == "1" and job and distributed.is_main():
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        if result.returncode == 0:
+            logger.warning("requeued SLURM job %s", job)
+        else:
+            logger.error("scontrol requeue %s failed: %s", job, result.stderr.strip())

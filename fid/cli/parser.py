@@ -1,0 +1,140 @@
+"""The `fid` command line: global flags and one subparser per step (paths only: knobs come from
+the YAML file given by `--config`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fid.cli import commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fid", description="Fusion-in-Decoder QA and reader-to-retriever distillation."
+    )
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own)")
+    parser.add_argument("--log-file", type=Path, help="also append the log to this file")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, func, help_text):
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.add_argument("--config", type=Path, help="YAML of knobs (default: defaults)")
+        command.set_defaults(func=func)
+        return command
+
+    c = add(
+        "init-reader", commands.init_reader, "Train a tokenizer on a corpus and build a random T5."
+    )
+    c.add_argument("--corpus", type=Path, nargs="+", required=True, help="passage TSV / FiD json")
+    c.add_argument("--output", type=Path, required=True, help="model folder to write")
+
+    def add_training_paths(command, questions: str, model: str):
+        command.add_argument("--train", type=Path, required=True, help=f"training {questions}")
+        command.add_argument("--dev", type=Path, required=True, help=f"dev {questions}")
+        command.add_argument("--init-model", required=True, help=f"{model} name or folder")
+        command.add_argument("--output", type=Path, required=True, help="final model folder")
+        command.add_argument(
+            "--state-dir", type=Path, required=True, help="checkpoints, logs, metrics (resumed)"
+        )
+
+    c = add("train-reader", commands.train_reader, "Train a FiD reader (resumes from --state-dir).")
+    add_training_paths(c, "questions (FiD format)", "T5 to start from:")
+
+    c = add("eval-reader", commands.eval_reader, "Generate answers; exact match and F1.")
+    c.add_argument("--model", type=Path, required=True, help="reader folder")
+    c.add_argument("--questions", type=Path, required=True, help="FiD-format questions")
+    c.add_argument("--predictions", type=Path, required=True, help="per-question jsonl to write")
+    c.add_argument("--metrics", type=Path, required=True, help="metrics json to write")
+
+    c = add("score-passages", commands.score_passages, "Score read passages by cross-attention.")
+    c.add_argument("--model", type=Path, required=True, help="reader folder")
+    c.add_argument("--questions", type=Path, required=True, help="FiD-format questions")
+    c.add_argument("--output", type=Path, required=True, help="questions with reader_score")
+
+    c = add(
+        "convert-checkpoint",
+        commands.convert_checkpoint,
+        "Import a released facebookresearch/FiD reader checkpoint.",
+    )
+    c.add_argument("--checkpoint", type=Path, required=True, help="folder or pytorch_model.bin")
+    c.add_argument("--tokenizer", help="tokenizer to save beside it (e.g. t5-base)")
+    c.add_argument("--output", type=Path, required=True, help="model folder to write")
+
+    c = add(
+        "init-retriever", commands.init_retriever, "Train a subword tokenizer; build a random BERT."
+    )
+    c.add_argument("--corpus", type=Path, nargs="+", required=True, help="passage TSV / FiD json")
+    c.add_argument("--output", type=Path, required=True, help="encoder folder to write")
+
+    c = add("train-retriever", commands.train_retriever, "Distil reader scores into a retriever.")
+    add_training_paths(c, "questions scored by the reader", "encoder to start from:")
+
+    c = add("build-bm25", commands.build_bm25, "Build a BM25 index of a passage file.")
+    c.add_argument("--passages", type=Path, required=True, help="DPR-style passage TSV")
+    c.add_argument("--output", type=Path, required=True, help="index folder to write")
+
+    c = add("retrieve-bm25", commands.retrieve_bm25, "Retrieve passages with a BM25 index.")
+    c.add_argument("--index", type=Path, required=True, help="folder from build-bm25")
+    c.add_argument("--passages", type=Path, required=True, help="the indexed passage TSV")
+    c.add_argument("--questions", type=Path, required=True, help="NQ/DPR/TriviaQA/FiD questions")
+    c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
+
+    c = add("embed-passages", commands.embed_passages, "Embed one shard of a passage file.")
+    c.add_argument("--model", type=Path, required=True, help="retriever folder")
+    c.add_argument("--passages", type=Path, required=True, help="DPR-style passage TSV")
+    c.add_argument("--shard", type=int, default=0, help="this shard (0-based)")
+    c.add_argument("--n-shards", type=int, default=1, help="number of shards")
+    c.add_argument("--output", type=Path, required=True, help="shard prefix (PREFIX.npy, ...)")
+
+    c = add("build-index", commands.build_index, "Build a faiss index from embedding shards.")
+    c.add_argument("--shards", type=Path, nargs="+", required=True, help="shard prefixes")
+    c.add_argument("--output", type=Path, required=True, help="index folder to write")
+
+    c = add("retrieve", commands.retrieve, "Dense retrieval with a retriever and its index.")
+    c.add_argument("--model", type=Path, required=True, help="retriever folder")
+    c.add_argument("--index", type=Path, required=True, help="folder from build-index")
+    c.add_argument("--passages", type=Path, required=True, help="the indexed passage TSV")
+    c.add_argument("--questions", type=Path, required=True, help="NQ/DPR/TriviaQA/FiD questions")
+    c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
+
+    c = add("eval-retrieval", commands.eval_retrieval, "Top-k retrieval accuracy (DPR has-answer).")
+    c.add_argument("--questions", type=Path, required=True, help="FiD-format retrieved questions")
+    c.add_argument("--output", type=Path, required=True, help="metrics json to write")
+
+    c = add("make-demo-data", commands.make_demo_data, "Write the synthetic demo world.")
+    c.add_argument("--output", type=Path, required=True, help="folder to write")
+
+    c = add("download", commands.download, "Download a file: resumable, checksum-verified, atomic.")
+    c.add_argument("--url", required=True, help="http(s) or file URL")
+    c.add_argument("--checksum", help="sha256:<hex> or md5:<hex> (none: record only)")
+    c.add_argument("--output", type=Path, required=True, help="file to write")
+    c.add_argument("--record", type=Path, help="json to write with the size and digests")
+
+    c = add("extract", commands.extract, "Extract one member of a tar(.gz), or a .gz file.")
+    c.add_argument("--archive", type=Path, required=True, help="tar, tar.gz or .gz file")
+    c.add_argument("--member", help="member path (or unique file name) in a tar archive")
+    c.add_argument("--output", type=Path, required=True, help="file to write")
+
+    c = add(
+        "prepare-questions", commands.prepare_questions, "Raw questions into one split (jsonl)."
+    )
+    c.add_argument("--input", type=Path, required=True, help="NQ-open/TriviaQA/DPR qas/FiD file")
+    c.add_argument("--index", type=Path, help="json list of the record positions to keep")
+    c.add_argument("--output", type=Path, required=True, help="question jsonl to write")
+
+    c = add(
+        "eval-baseline", commands.eval_baseline, "Exact match of the most common training answer."
+    )
+    c.add_argument("--train", type=Path, required=True, help="training questions")
+    c.add_argument("--questions", type=Path, required=True, help="questions to score")
+    c.add_argument("--output", type=Path, required=True, help="metrics json to write")
+
+    c = add(
+        "make-reader-lists", commands.make_reader_lists, "Retrieved lists with the gold forced in."
+    )
+    c.add_argument("--retrieved", type=Path, required=True, help="FiD-format retrieval output")
+    c.add_argument("--questions", type=Path, required=True, help="jsonl with gold_passage_id")
+    c.add_argument("--passages", type=Path, required=True, help="the passage TSV")
+    c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
+    return parser

@@ -1,0 +1,63 @@
+"""Every knob of every `fid` subcommand, as typed, frozen dataclasses loaded from YAML.
+
+Paths come from the command line; knobs come from the YAML file given by `--config`, whose keys
+are exactly the fields of the subcommand's dataclass. Defaults live in the dataclasses only.
+The classes live by stage (reader, retrieval, training, data, demo); import them from here.
+"""
+
+from fid.config.data import DownloadConfig, PrepareQuestionsConfig, ReaderListsConfig
+from fid.config.demo import DemoDataConfig, WorldConfig
+from fid.config.loading import (
+    ConfigError,
+    check_finite,
+    check_range,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+)
+from fid.config.reader import (
+    EvalReaderConfig,
+    GenerationConfig,
+    InitReaderConfig,
+    ReaderInputConfig,
+    ReaderTrainConfig,
+    ScorePassagesConfig,
+)
+from fid.config.retrieval import (
+    BM25Config,
+    EmbedPassagesConfig,
+    EvalRetrievalConfig,
+    IndexConfig,
+    InitRetrieverConfig,
+    RetrieveConfig,
+    RetrieverTrainConfig,
+)
+from fid.config.training import TrainingConfig
+
+__all__ = [
+    "BM25Config",
+    "ConfigError",
+    "DemoDataConfig",
+    "DownloadConfig",
+    "EmbedPassagesConfig",
+    "EvalReaderConfig",
+    "EvalRetrievalConfig",
+    "GenerationConfig",
+    "IndexConfig",
+    "InitReaderConfig",
+    "InitRetrieverConfig",
+    "PrepareQuestionsConfig",
+    "ReaderInputConfig",
+    "ReaderListsConfig",
+    "ReaderTrainConfig",
+    "RetrieveConfig",
+    "RetrieverTrainConfig",
+    "ScorePassagesConfig",
+    "TrainingConfig",
+    "WorldConfig",
+    "check_finite",
+    "check_range",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+]

@@ -1,0 +1,100 @@
+"""Knobs of the data commands: `fid download`, `prepare-questions`, `make-reader-lists`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fid.config.loading import ConfigError
+
+
+@dataclass(frozen=True)
+class DownloadConfig:
+    """`fid download`: how hard to try.
+
+    Attributes:
+        timeout_s: seconds a connection may stay silent before the attempt is abandoned.
+        retries: further attempts after a failed one (each resumes where the last stopped).
+        retry_wait_s: pause before the first retry; doubled for each further one.
+        chunk_bytes: bytes read and written at a time.
+        log_every_bytes: progress is logged every this many bytes.
+    """
+
+    timeout_s: float = 60.0
+    retries: int = 5
+    retry_wait_s: float = 2.0
+    chunk_bytes: int = 1 << 20
+    log_every_bytes: int = 1 << 30
+
+    def __post_init__(self):
+        if self.timeout_s <= 0:
+            raise ConfigError(f"timeout_s = {self.timeout_s!r} is out of range: expected > 0")
+        for name in ("retries",):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"{name} = {getattr(self, name)!r} is out of range: expected >= 0"
+                )
+        if self.retry_wait_s < 0:
+            raise ConfigError(
+                f"retry_wait_s = {self.retry_wait_s!r} is out of range: expected >= 0"
+            )
+        for name in ("chunk_bytes", "log_every_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(
+                    f"{name} = {getattr(self, name)!r} is out of range: expected >= 1"
+                )
+
+
+@dataclass(frozen=True)
+class PrepareQuestionsConfig:
+    """`fid prepare-questions`: which records of a raw question file form a split.
+
+    Attributes:
+        shuffle_seed: shuffle the records (after the index selection) with this seed before
+            taking the fraction; None keeps the file order.
+        select_from, select_to: keep records [from * n, to * n) of the (shuffled) records, so
+            that e.g. 0-0.8 / 0.8-0.9 / 0.9-1 with one seed cut one file into disjoint splits.
+        max_questions: keep at most this many (the first ones) afterwards.
+        drop_unlabeled: drop questions without answers (training needs answers).
+    """
+
+    shuffle_seed: int | None = None
+    select_from: float = 0.0
+    select_to: float = 1.0
+    max_questions: int | None = None
+    drop_unlabeled: bool = False
+
+    def __post_init__(self):
+        if not 0.0 <= self.select_from < self.select_to <= 1.0:
+            raise ConfigError(
+                f"select_from = {self.select_from!r}, select_to = {self.select_to!r} are out of "
+                "range: expected 0 <= select_from < select_to <= 1"
+            )
+        if self.max_questions is not None and self.max_questions < 1:
+            raise ConfigError(
+                f"max_questions = {self.max_questions!r} is out of range: expected >= 1 or null"
+            )
+
+
+@dataclass(frozen=True)
+class ReaderListsConfig:
+    """`fid make-reader-lists`: retrieved lists with the gold passage forced in.
+
+    For the demo's curriculum only (its questions know their gold passage): a reader trained
+    from scratch learns to tell the gold passage from the retriever's distractors, among them
+    passages of other entities, which it must also reject when it later scores passages for
+    the retriever.
+
+    Attributes:
+        n_passages: passages per question: the gold one and the best retrieved others.
+        shuffle: shuffle each list (seeded per question), so a position tells nothing; the
+            retrieval scores are dropped so the reader keeps this order.
+        seed: seed of the shuffle.
+    """
+
+    n_passages: int = 5
+    shuffle: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n_passages < 1:
+            raise ConfigError(f"n_passages = {self.n_passages!r} is out of range: expected >= 1")

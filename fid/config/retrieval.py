@@ -1,0 +1,286 @@
+"""Knobs of the retrieval commands: BM25, the retriever (`init-retriever`, `train-retriever`),
+passage embeddings, the faiss index, dense retrieval and its evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fid.config.loading import ConfigError, check_range
+from fid.config.training import TrainingConfig
+
+METHODS = ("robertson", "lucene", "bm25+", "bm25l", "atire")
+
+# The stopword lists bm25s ships, by the names its tokenizer accepts.
+STOPWORDS = ("en", "en_plus", "da", "de", "es", "fr", "it", "ko", "nl", "no", "pt", "ru", "sv")
+STOPWORDS += ("tr", "zh")
+# faiss metrics by name (fid.retrieval.index maps them onto faiss constants).
+INDEX_METRICS = ("inner_product", "l2")
+
+
+@dataclass(frozen=True)
+class BM25Config:
+    """`fid build-bm25` / `fid retrieve-bm25`: BM25 scoring and search knobs.
+
+    Attributes:
+        k1: term-frequency saturation (built into the index).
+        b: document-length normalization, 0 (none) to 1 (full) (built into the index).
+        method: the bm25s scoring variant (built into the index).
+        stopwords: a bm25s stopword list name ("en", ...) or None to keep all tokens (built
+            into the index).
+        top_k: passages kept per question (fewer when the corpus is smaller).
+        batch_size: questions searched per batch (bounds memory and paces the progress log).
+    """
+
+    k1: float = 0.9
+    b: float = 0.4
+    method: Literal["robertson", "lucene", "bm25+", "bm25l", "atire"] = "lucene"
+    stopwords: str | None = "en"
+    top_k: int = 100
+    batch_size: int = 256
+
+    def __post_init__(self):
+        _check_number("k1", self.k1, low=0.0)
+        _check_number("b", self.b, low=0.0, high=1.0)
+        if self.method not in METHODS:
+            raise ConfigError(f"method = {self.method!r} is not allowed: expected one of {METHODS}")
+        if self.stopwords is not None and self.stopwords not in STOPWORDS:
+            raise ConfigError(
+                f"stopwords = {self.stopwords!r} is not allowed: expected null or one of "
+                f"{STOPWORDS}"
+            )
+        _check_int("top_k", self.top_k)
+        _check_int("batch_size", self.batch_size)
+
+
+def _check_number(name: str, value: Any, low: float, high: float | None = None) -> None:
+    allowed = f">= {low}" + ("" if high is None else f" and <= {high}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} = {value!r} is not a number: expected a number {allowed}")
+    if value < low or (high is not None and value > high):
+        raise ConfigError(f"{name} = {value!r} is out of range: expected {allowed}")
+
+
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} = {value!r} is not allowed: expected an integer >= 1")
+
+
+@dataclass(frozen=True)
+class RetrieverTrainConfig(TrainingConfig):
+    """`fid train-retriever`: distil the reader's passage scores into a bi-encoder.
+
+    Attributes:
+        n_passages: scored passages per question in the loss (those with a `score_key` value).
+        score_key: the ctx field holding the teacher score (written by `fid score-passages`).
+        question_max_tokens, passage_max_tokens: truncation of the encoder inputs.
+        pooling: "mean" (masked mean of token states, FiD's choice) or "cls".
+        projection_dim: a linear projection + LayerNorm to this size (None = encoder width).
+        shared_encoder: one encoder for questions and passages (FiD's choice) or two.
+        reader_temperature: teacher distribution = softmax(reader scores / this).
+        retriever_temperature: student distribution = softmax(retriever scores / this).
+        in_batch_negatives: the student also ranks the other questions' passages of the batch
+            (the teacher gives them probability 0).
+        eval_k: ranks at which the dev metrics are reported (dev questions re-rank their own
+            n_passages candidates: k >= n_passages reports the candidates' ceiling).
+        select_on: the dev metric (percent) that picks best_dev: "candidate_agreement@K" (the
+            reader's top passage is in the retriever's top K of the question's candidates) or
+            "candidate_answer_recall@K" (that top K holds an answer), with K < n_passages. Not
+            full-corpus top-K accuracy (`fid eval-retrieval`).
+        eval_batch_size: questions per dev encoding batch.
+        precision: "auto" (bf16 on a GPU, fp32 on a CPU), "fp32", "bf16" or "fp16" (GPU).
+    """
+
+    n_passages: int = 100
+    score_key: str = "reader_score"
+    question_max_tokens: int = 40
+    passage_max_tokens: int = 200
+    pooling: Literal["mean", "cls"] = "mean"
+    projection_dim: int | None = None
+    shared_encoder: bool = True
+    reader_temperature: float = 1.0
+    retriever_temperature: float = 1.0
+    in_batch_negatives: bool = False
+    eval_k: list[int] = dataclasses.field(default_factory=lambda: [1, 5, 20])
+    select_on: str = "candidate_agreement@5"
+    eval_batch_size: int = 16
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_range("n_passages", self.n_passages, low=1)
+        check_range("question_max_tokens", self.question_max_tokens, low=4)
+        check_range("passage_max_tokens", self.passage_max_tokens, low=8)
+        check_range("projection_dim", self.projection_dim, low=1, allow_none=True)
+        check_range("reader_temperature", self.reader_temperature, low=1e-6)
+        check_range("retriever_temperature", self.retriever_temperature, low=1e-6)
+        check_range("eval_batch_size", self.eval_batch_size, low=1)
+        if not self.eval_k or any(k < 1 for k in self.eval_k):
+            raise ConfigError(f"eval_k = {self.eval_k!r} is out of range: expected ranks >= 1")
+        metrics = ("candidate_agreement", "candidate_answer_recall")
+        allowed = [f"{m}@{k}" for m in metrics for k in self.eval_k]
+        if f"candidate_{self.select_on}" in allowed:  # the names before the candidate_ prefix
+            raise ConfigError(
+                f"select_on = {self.select_on!r} was renamed: use 'candidate_{self.select_on}' "
+                "(it ranks each dev question's candidate passages, not the corpus)"
+            )
+        if self.select_on not in allowed:
+            raise ConfigError(
+                f"select_on = {self.select_on!r} is not allowed: expected one of {allowed}"
+            )
+        # Dev metrics rank each question's own n_passages candidates: at k >= n_passages every
+        # model scores the same (the candidates' ceiling), so best_dev would be chosen blindly.
+        select_k = int(self.select_on.split("@")[1])
+        if select_k >= self.n_passages:
+            raise ConfigError(
+                f"select_on = {self.select_on!r} ranks {select_k} of the n_passages = "
+                f"{self.n_passages} candidates of each dev question: it is the same for every "
+                f"model; expected a rank k < n_passages"
+            )
+
+
+@dataclass(frozen=True)
+class InitRetrieverConfig:
+    """`fid init-retriever`: a WordPiece tokenizer trained on a corpus and a random BERT.
+
+    For demos and tests; real runs start from a pretrained encoder (bert-base-uncased, ...).
+    """
+
+    seed: int = 0
+    vocab_size: int = 3000
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            check_range(name, getattr(self, name), low=1)
+        check_range("vocab_size", self.vocab_size, low=100)
+        check_range("max_position_embeddings", self.max_position_embeddings, low=8)
+        check_range("dropout", self.dropout, low=0.0, high=1.0)
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"hidden_size = {self.hidden_size} is not allowed: expected a multiple of "
+                f"num_heads ({self.num_heads})"
+            )
+
+
+@dataclass(frozen=True)
+class EmbedPassagesConfig:
+    """`fid embed-passages`: one shard of the passage file into float16 embeddings.
+
+    Attributes:
+        batch_size: passages per encoder call.
+        passage_max_tokens: truncation of `title [SEP] text` (as in retriever training).
+        sort_by_length: sort passages by token count within chunks, so a batch is padded only
+            to its own longest passage.
+        sort_chunk: passages read, sorted and embedded together (bounds memory on 21M rows).
+        pad_to_max_length: pad every batch to `passage_max_tokens` (a baseline for comparison).
+        precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
+    """
+
+    batch_size: int = 128
+    passage_max_tokens: int = 200
+    sort_by_length: bool = True
+    sort_chunk: int = 65536
+    pad_to_max_length: bool = False
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+
+    def __post_init__(self):
+        check_range("batch_size", self.batch_size, low=1)
+        check_range("passage_max_tokens", self.passage_max_tokens, low=8)
+        check_range("sort_chunk", self.sort_chunk, low=1)
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """`fid build-index`: which faiss index to build and how to search it.
+
+    Attributes:
+        factory: a faiss `index_factory` string ("Flat" is exact; "HNSW32", "IVF4096,PQ64",
+            "SQ8", "IVF256,Flat", ... trade accuracy for speed or memory). Checked when the
+            index is built, because whether it is valid depends on the embedding dim.
+        metric: "inner_product" (what the retriever scores with) or "l2".
+        train_sample: vectors sampled (seeded) to train indexes that need training (IVF, PQ,
+            SQ); all vectors when there are fewer.
+        add_batch_size: vectors converted to float32 and added to the index at a time.
+        nprobe: inverted lists visited per query by IVF indexes.
+        ef_search: candidate list size of HNSW graphs (also an HNSW coarse quantizer's).
+        seed: seeds the training sample.
+    """
+
+    factory: str = "Flat"
+    metric: Literal["inner_product", "l2"] = "inner_product"
+    train_sample: int = 262144
+    add_batch_size: int = 65536
+    nprobe: int = 16
+    ef_search: int = 128
+    seed: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.factory, str) or not self.factory.strip():
+            raise ConfigError(
+                f"factory = {self.factory!r} is not allowed: expected a faiss index_factory "
+                "string such as 'Flat', 'HNSW32' or 'IVF4096,PQ64'"
+            )
+        if self.metric not in INDEX_METRICS:
+            raise ConfigError(
+                f"metric = {self.metric!r} is not allowed: expected one of "
+                + ", ".join(repr(m) for m in INDEX_METRICS)
+            )
+        check_range("train_sample", self.train_sample, low=1)
+        check_range("add_batch_size", self.add_batch_size, low=1)
+        check_range("nprobe", self.nprobe, low=1)
+        check_range("ef_search", self.ef_search, low=1)
+
+
+@dataclass(frozen=True)
+class RetrieveConfig:
+    """`fid retrieve`: encode questions, search the index, write FiD records.
+
+    Attributes:
+        top_k: passages kept per question.
+        batch_size: questions per encoder call.
+        question_max_tokens: truncation of questions (as in retriever training).
+        nprobe, ef_search: IVF / HNSW search breadth; None keeps the index's own settings.
+        has_answer_mode: DPR's "string" rule, or "regex" for answers given as patterns.
+        precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
+    """
+
+    top_k: int = 100
+    batch_size: int = 64
+    question_max_tokens: int = 40
+    nprobe: int | None = None
+    ef_search: int | None = None
+    has_answer_mode: Literal["string", "regex"] = "string"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+
+    def __post_init__(self):
+        check_range("top_k", self.top_k, low=1)
+        check_range("batch_size", self.batch_size, low=1)
+        check_range("question_max_tokens", self.question_max_tokens, low=4)
+        check_range("nprobe", self.nprobe, low=1, allow_none=True)
+        check_range("ef_search", self.ef_search, low=1, allow_none=True)
+
+
+@dataclass(frozen=True)
+class EvalRetrievalConfig:
+    """`fid eval-retrieval`: top-k accuracy of retrieved passages (DPR's has-answer rule).
+
+    Attributes:
+        ks: the ranks reported.
+        has_answer_mode: "string" (DPR) or "regex" (answers are patterns).
+        recompute_has_answer: ignore the ctxs' own `has_answer` flags and recompute them.
+    """
+
+    ks: list[int] = dataclasses.field(default_factory=lambda: [1, 5, 10, 20, 50, 100])
+    has_answer_mode: Literal["string", "regex"] = "string"
+    recompute_has_answer: bool = False
+
+    def __post_init__(self):
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise ConfigError(f"ks = {self.ks!r} is out of range: expected ranks >= 1")

@@ -1,0 +1,70 @@
+"""`fid eval-reader`: a reader's generated answers, scored by exact match and F1."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fid.data.examples import Example, load_examples
+from fid.inference.batching import reader_and_collator
+from fid.inference.generation import generate_answers
+from fid.metrics.answers import answer_metrics, describe_answer_metrics, exact_match, f1_score
+from fid.runtime import distributed
+from fid.runtime.fileio import atomic_paths, atomic_write_json, atomic_write_jsonl
+from fid.runtime.precision import autocast
+
+logger = logging.getLogger(__name__)
+
+
+def prediction_records(examples: Sequence[Example], predictions: Sequence[str]) -> list[dict]:
+    """Per-question results: the prediction and, for labeled questions, its EM and F1 in
+    percent (0 or 100, and 0 to 100), as in the metrics file, which holds their means."""
+    records = []
+    for example, prediction in zip(examples, predictions, strict=True):
+        record: dict[str, Any] = {
+            "id": example.id,
+            "question": example.question,
+            "prediction": prediction,
+            "answers": example.answers,
+        }
+        if example.answers:
+            record["exact_match"] = 100 * exact_match(prediction, example.answers)
+            record["f1"] = 100 * f1_score(prediction, example.answers)
+        records.append(record)
+    return records
+
+
+def eval_reader(
+    cfg, model_path: Path, questions_path: Path, predictions_path: Path, metrics_path: Path,
+    device: torch.device,
+) -> dict:  # fmt: skip
+    """`fid eval-reader`: predictions (jsonl, input order) and EM/F1 metrics (json).
+
+    Each rank generates for its share of the questions; rank 0 writes both files. Questions
+    without answers get predictions and no metric.
+    """
+    examples = load_examples(questions_path)
+    reader, tokenizer, collator = reader_and_collator(cfg, model_path, device)
+    mine = [examples[i] for i in distributed.shard_indices(len(examples))]
+    with torch.no_grad(), autocast(device, cfg.precision):
+        local = generate_answers(
+            reader, tokenizer, collator, mine, cfg.batch_size, cfg.max_answer_tokens,
+            cfg.num_beams, device,
+        )  # fmt: skip
+    predictions = distributed.gather_in_order(len(examples), local)
+    metrics = answer_metrics(predictions, [example.answers for example in examples])
+    metrics["n_questions"] = len(examples)
+    if distributed.is_main():
+        # Both files or neither: a metrics write that fails leaves no predictions behind.
+        with atomic_paths(predictions_path, metrics_path) as (predictions_tmp, metrics_tmp):
+            atomic_write_jsonl(predictions_tmp, prediction_records(examples, predictions))
+            atomic_write_json(metrics_tmp, metrics)
+    if metrics["n_scored"] == 0:
+        logger.warning("no question has gold answers: wrote predictions only, no metric")
+    else:
+        logger.info("%s", describe_answer_metrics(metrics))
+    return metrics

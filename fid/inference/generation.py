@@ -1,0 +1,43 @@
+"""Answer generation by a FiD reader over a question set (greedy or beam search).
+
+Questions are processed in batches of similar total length (fid.inference.batching), so little
+padding is wasted; answers come back in the input order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from fid.data.examples import Example
+from fid.data.reader_batches import ReaderCollator
+from fid.inference.batching import counted, length_sorted_batches
+from fid.models.reader import FiDReader
+
+logger = logging.getLogger(__name__)
+
+
+def generate_answers(
+    reader: FiDReader,
+    tokenizer,
+    collator: ReaderCollator,
+    examples: Sequence[Example],
+    batch_size: int,
+    max_answer_tokens: int,
+    num_beams: int,
+    device: torch.device,
+) -> list[str]:
+    """Generated answer strings, one per example, in input order."""
+    predictions: list[str | None] = [None] * len(examples)
+    batches = length_sorted_batches(collator, examples, batch_size)
+    for indices in counted(batches, "generate", logger):
+        batch = collator([examples[i] for i in indices]).to(device)
+        output = reader.generate(
+            batch.input_ids, batch.attention_mask, max_answer_tokens, num_beams
+        )
+        texts = tokenizer.batch_decode(output, skip_special_tokens=True)
+        for i, text in zip(indices, texts, strict=True):
+            predictions[i] = text.strip()
+    return predictions

@@ -1,0 +1,86 @@
+"""Passage scoring by the reader's cross-attention: the teacher of retriever distillation.
+
+`fid score-passages` writes each question file back with `reader_score` in every ctx: the
+reader's score for the passages it read (`FiDReader.passage_scores`: the original's mean
+pre-softmax logit, or the attention mass), None for the others, so no stale score survives.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fid.data.examples import Example, load_examples
+from fid.data.reader_batches import ReaderCollator
+from fid.inference.batching import counted, length_sorted_batches, reader_and_collator
+from fid.models.reader import FiDReader
+from fid.runtime import distributed
+from fid.runtime.fileio import atomic_write_json
+from fid.runtime.precision import autocast
+
+logger = logging.getLogger(__name__)
+
+
+def passage_scores(
+    reader: FiDReader,
+    collator: ReaderCollator,
+    examples: Sequence[Example],
+    batch_size: int,
+    mode: str,
+    device: torch.device,
+) -> list[dict[int, float]]:
+    """Reader scores of the passages each question's reader input holds.
+
+    Returns:
+        For each example, {index into its ctxs: score} for the passages the reader read.
+    """
+    scores: list[dict[int, float] | None] = [None] * len(examples)
+    batches = length_sorted_batches(collator, examples, batch_size)
+    for indices in counted(batches, "score", logger):
+        batch = collator([examples[i] for i in indices]).to(device)
+        values = reader.passage_scores(batch.input_ids, batch.attention_mask, mode).cpu()
+        for row, i in enumerate(indices):
+            read = batch.ctx_indices[row]
+            scores[i] = {ctx: float(values[row, n]) for n, ctx in enumerate(read)}
+            if any(math.isnan(v) for v in scores[i].values()):
+                raise RuntimeError(f"question {examples[i].id}: a read passage got no score")
+    return scores
+
+
+def with_reader_scores(
+    example: Example, scores: dict[int, float], mode: str, n_passages: int
+) -> dict[str, Any]:
+    """The example's record with `reader_score` in every ctx: a float for the passages the
+    reader read, None for the others (so no stale score survives), and `reader_scoring`
+    metadata saying how they were scored."""
+    record = dict(example.record)
+    record["ctxs"] = [
+        {**ctx, "reader_score": scores.get(i)} for i, ctx in enumerate(example.record["ctxs"])
+    ]
+    record["reader_scoring"] = {"mode": mode, "n_passages": n_passages, "n_scored": len(scores)}
+    return record
+
+
+def score_passages(
+    cfg, model_path: Path, questions_path: Path, output_path: Path, device: torch.device
+) -> None:
+    """`fid score-passages`: the question file with `reader_score` in every ctx (None for the
+    ctxs the reader did not read). Each rank scores its share; rank 0 writes the file."""
+    examples = load_examples(questions_path)
+    reader, _, collator = reader_and_collator(cfg, model_path, device)
+    mine = [examples[i] for i in distributed.shard_indices(len(examples))]
+    with torch.no_grad(), autocast(device, cfg.precision):
+        local = passage_scores(reader, collator, mine, cfg.batch_size, cfg.mode, device)
+    scores = distributed.gather_in_order(len(examples), local)
+    records = [
+        with_reader_scores(example, example_scores, cfg.mode, cfg.n_passages)
+        for example, example_scores in zip(examples, scores, strict=True)
+    ]
+    if distributed.is_main():
+        atomic_write_json(output_path, records)
+    logger.info("scored %d questions (%s) into %s", len(records), cfg.mode, output_path)

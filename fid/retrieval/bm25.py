@@ -1,0 +1,336 @@
+"""BM25 retrieval over a DPR passage file with the bm25s library (the pipeline's first retriever).
+
+`build_bm25` streams the passages once, tokenizes `title + " " + text` with bm25s's
+tokenizer (lowercase, the scikit-learn token pattern `(?u)\\b\\w\\w+\\b`, stopwords removed) and
+saves a bm25s index plus the passage ids and a `meta.json` to a folder, atomically.
+`retrieve_bm25` (`rank_bm25` for questions in memory) loads that folder and ranks passages for any number of question files (each
+split reuses the same index), returning FiD-format records whose ctxs carry DPR's has-answer flag.
+
+Stemming: bm25s stems only through PyStemmer (it has no pure-Python stemmer). The index is
+stemmed (Snowball English) when PyStemmer is importable at build time; `meta.json` records it,
+and retrieval applies the same stemmer (or fails when it is missing). Without PyStemmer, the
+default here, tokens are unstemmed; Pyserini's BM25, DPR's baseline, stems with Porter.
+
+Memory: passages are never held as objects. Token ids are collected in one flat int32 array
+(4 bytes a token) while the file streams; bm25s then builds its sparse score matrix, which for
+DPR's 21M passages needs tens of GB (12 bytes per distinct (passage, token) pair, roughly
+1.2e9 pairs, plus sorting). Build the full-size index on a large-memory node.
+
+Ranking: bm25s's `lucene` variant by default, k1 = 0.9 and b = 0.4 (Anserini's and Pyserini's
+defaults, which DPR's BM25 numbers used). Reference: Kamphuis et al. 2020, "Which BM25 Do You
+Mean? A Large-Scale Reproducibility Study of Scoring Variants" (the variants bm25s implements).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import bm25s
+import numpy as np
+from bm25s.tokenization import Tokenizer
+
+from fid.config import BM25Config, ConfigError
+from fid.data.passages import Passage, check_unique_ids, iter_passages
+from fid.data.questions import load_questions
+from fid.errors import DataError
+from fid.retrieval.ranking import retrieval_records
+from fid.runtime.fileio import atomic_directory, atomic_write_json
+from fid.runtime.logs import progress
+
+logger = logging.getLogger(__name__)
+
+# The stopword lists bm25s ships, by the names its tokenizer accepts.
+TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s's default (scikit-learn's CountVectorizer)
+INDEX_FORMAT = "fid-bm25/1"
+_META = "meta.json"
+_IDS = "passage_ids.npy"
+
+
+def _stemmer() -> tuple[Any, str | None]:
+    """PyStemmer's English stemmer and its description, or (None, None) when not installed."""
+    try:
+        import Stemmer
+    except ImportError:
+        return None, None
+    return Stemmer.Stemmer("english"), f"english (PyStemmer {getattr(Stemmer, '__version__', '')})"
+
+
+def _tokenizer(stopwords: str | None, stemmer: Any) -> Tokenizer:
+    return Tokenizer(lower=True, splitter=TOKEN_PATTERN, stopwords=stopwords, stemmer=stemmer)
+
+
+class _FlatDocs:
+    """Every passage's token ids in one int32 array, iterable as lists the way bm25s wants.
+
+    bm25s's index builder only takes `len()` and iterates the documents (three times); lists of
+    Python ints would cost ~10x the memory of this array.
+    """
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray):
+        self.flat = flat  # (T,) token ids of all passages, concatenated
+        self.offsets = offsets  # (P + 1,) passage p's ids are flat[offsets[p] : offsets[p + 1]]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # Offsets are turned into Python ints a block at a time: all 21M at once would cost GBs.
+        for block in range(0, len(self), 1 << 16):
+            bounds = self.offsets[block : block + (1 << 16) + 1].tolist()
+            for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+                yield self.flat[start:end].tolist()
+
+
+def _tokenize_corpus(passages_path: Path, tokenizer: Tokenizer) -> tuple[_FlatDocs, list[str]]:
+    """Streams the passage file once: (token ids of every passage, passage ids in order)."""
+    ids: list[str] = []
+    flat = array.array("i")
+    offsets = array.array("q", [0])
+
+    def texts() -> Iterator[str]:
+        with progress(desc="tokenize", unit="passages", log=logger) as bar:
+            for passage in iter_passages(passages_path):
+                ids.append(passage.id)
+                yield f"{passage.title} {passage.text}"
+                bar.update()
+
+    # allow_empty: a passage left with no tokens (all stopwords) gets bm25s's empty token, so
+    # document numbers stay aligned with the file's rows.
+    for token_ids in tokenizer.streaming_tokenize(texts(), update_vocab=True, allow_empty=True):
+        flat.extend(token_ids)
+        offsets.append(len(flat))
+    docs = _FlatDocs(np.frombuffer(flat, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64))
+    return docs, ids
+
+
+def build_bm25(passages_path: str | Path, index_dir: str | Path, cfg: BM25Config) -> None:
+    """Builds a BM25 index of a DPR passage file and saves it to a folder (atomically).
+
+    The folder holds bm25s's index files, `passage_ids.npy` (the passage ids in file order, a
+    unicode array readable with `allow_pickle=False`) and `meta.json` (format, passage count,
+    source, bm25s version, scoring and tokenizer parameters).
+
+    Args:
+        passages_path: a DPR TSV passage file (streamed once).
+        index_dir: the output folder; replaced as a whole when the build succeeds.
+        cfg: scoring parameters (k1, b, method, stopwords) are fixed into the index.
+
+    Raises:
+        DataError: a malformed passage file, duplicate passage ids, or no passages.
+    """
+    passages_path, index_dir = Path(passages_path), Path(index_dir)
+    started = time.perf_counter()
+    stemmer, stemmer_name = _stemmer()
+    tokenizer = _tokenizer(cfg.stopwords, stemmer)
+    docs, ids = _tokenize_corpus(passages_path, tokenizer)
+    if not ids:
+        raise DataError(f"{passages_path}: no passages to index")
+    check_unique_ids(ids, str(passages_path))
+    vocab = tokenizer.get_vocab_dict()  # token (or stem) -> id, ids 0..V-1
+    tokenized = time.perf_counter()
+
+    retriever = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
+    # `BM25.index` takes token ids only as a list of lists; its documented low-level builder
+    # takes any sized iterable, which lets the ids stay in one flat array. What `index` then
+    # does is set these three attributes (the empty token is already in the vocabulary).
+    retriever.scores = retriever.build_index_from_ids(
+        unique_token_ids=list(vocab.values()), corpus_token_ids=docs, show_progress=False
+    )
+    retriever.vocab_dict = vocab
+    retriever.unique_token_ids_set = set(vocab.values())
+
+    meta = {
+        "format": INDEX_FORMAT,
+        "n_passages": len(ids),
+        "n_tokens": int(len(docs.flat)),
+        "vocab_size": len(vocab),
+        "source": str(passages_path),
+        "bm25s_version": bm25s.__version__,
+        "k1": cfg.k1,
+        "b": cfg.b,
+        "method": cfg.method,
+        "delta": retriever.delta,  # used by bm25l and bm25+ only
+        "stopwords": cfg.stopwords,
+        "lowercase": True,
+        "token_pattern": TOKEN_PATTERN,
+        "stemmer": stemmer_name,
+        "document": "title + ' ' + text",
+    }
+    with atomic_directory(index_dir) as tmp:
+        retriever.save(tmp, show_progress=False)
+        np.save(tmp / _IDS, np.array(ids, dtype=np.str_), allow_pickle=False)
+        atomic_write_json(tmp / _META, meta)
+    logger.info(
+        "BM25 index of %d passages (%d tokens, vocabulary %d%s) in %.1f s "
+        "(tokenizing %.1f s) -> %s",
+        len(ids),
+        meta["n_tokens"],
+        len(vocab),
+        f", stemmer {stemmer_name}" if stemmer_name else ", no stemmer",
+        time.perf_counter() - started,
+        tokenized - started,
+        index_dir,
+    )
+
+
+def _load_meta(index_dir: Path) -> dict:
+    path = index_dir / _META
+    if not path.is_file():
+        raise DataError(
+            f"{index_dir}: not a BM25 index ({_META} not found). Hint: build it first with "
+            "`fid build-bm25 --passages PASSAGES.tsv --output INDEX_FOLDER`."
+        )
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{path}: not valid UTF-8 JSON ({error}): rebuild the index") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: expected a JSON object, found {type(meta).__name__}")
+    if meta.get("format") != INDEX_FORMAT:
+        raise DataError(f"{path}: format {meta.get('format')!r}, expected {INDEX_FORMAT!r}")
+    return meta
+
+
+def _check_index_matches(meta: dict, cfg: BM25Config, index_dir: Path) -> None:
+    """The index fixes k1, b, method and stopwords; a config that differs needs a rebuild."""
+    for key in ("k1", "b", "method", "stopwords"):
+        if meta[key] != getattr(cfg, key):
+            raise ConfigError(
+                f"{key} = {getattr(cfg, key)!r}, but the BM25 index at {index_dir} was built with "
+                f"{key} = {meta[key]!r}. Hint: rebuild the index with this config, or use the "
+                "index's value."
+            )
+
+
+def _query_tokens(questions: list[str], meta: dict) -> list[list[str]]:
+    """Questions tokenized exactly as the passages were (tokens or stems, as strings)."""
+    stemmer = None
+    if meta["stemmer"] is not None:
+        stemmer, _ = _stemmer()
+        if stemmer is None:
+            raise ImportError(
+                f"the BM25 index was built with the stemmer {meta['stemmer']}; install "
+                "PyStemmer to search it, or rebuild the index without it"
+            )
+    tokenizer = _tokenizer(meta["stopwords"], stemmer)
+    return tokenizer.tokenize(questions, update_vocab=True, return_as="string", show_progress=False)
+
+
+def _fetch_passages(passages_path: Path, ids: np.ndarray, needed: set[int]) -> dict[int, Passage]:
+    """The passages at the given row numbers, reading the file once (and only up to the last).
+
+    Every row read is checked against the index's id for that row, so a passage file other than
+    the indexed one is caught instead of silently giving wrong texts.
+    """
+    found: dict[int, Passage] = {}
+    last = max(needed, default=-1)
+    row = -1
+    bar = progress(desc="fetch passages", unit="rows", total=last + 1, log=logger)
+    for row, passage in enumerate(iter_passages(passages_path)):
+        if row > last:
+            break
+        if row % 10_000 == 9_999:  # an update per row would add ~7% to the read
+            bar.update(10_000)
+        if row >= len(ids) or passage.id != ids[row]:
+            expected = str(ids[row]) if row < len(ids) else "no passage (the index is shorter)"
+            raise DataError(
+                f"{passages_path}: passage {row} (0-based, after the header) has id "
+                f"{passage.id!r}, but the BM25 index has {expected!r} there: this is not the "
+                "file the index was built from. Hint: rebuild the index or pass its passages."
+            )
+        if row in needed:
+            found[row] = passage
+    bar.update(min(row, last) + 1 - bar.n)
+    bar.close()
+    if len(found) < len(needed):
+        raise DataError(
+            f"{passages_path}: ends after {row + 1} passages, but the BM25 index has {len(ids)}. "
+            "Hint: rebuild the index or pass the file it was built from."
+        )
+    return found
+
+
+def rank_bm25(
+    index_dir: str | Path,
+    passages_path: str | Path,
+    questions: list[dict],
+    cfg: BM25Config,
+) -> list[dict]:
+    """Ranks passages for each question with a saved BM25 index.
+
+    Args:
+        index_dir: a folder written by `build_bm25` (reusable for any question set).
+        passages_path: the passage file the index was built from (texts are read from it).
+        questions: dicts with "id", "question" and optionally "answers" (see
+            `fid.data.questions.load_questions`).
+        cfg: must agree with the index on k1, b, method and stopwords; gives top_k and
+            batch_size.
+
+    Returns:
+        FiD-format records `{id, question, answers, ctxs}` in question order; ctxs are the top
+        `cfg.top_k` passages (all when the corpus is smaller) by descending BM25 score, each
+        `{id, title, text, score, has_answer}`; has_answer follows DPR's string rule and is
+        False for questions without answers.
+
+    Raises:
+        DataError: a missing or foreign index, or a passage file that does not match it.
+        ConfigError: cfg disagrees with the parameters the index was built with.
+        ValueError: a question without an "id" or a "question" string.
+    """
+    index_dir, passages_path = Path(index_dir), Path(passages_path)
+    meta = _load_meta(index_dir)
+    _check_index_matches(meta, cfg, index_dir)
+    for position, question in enumerate(questions):
+        if not isinstance(question.get("question"), str) or "id" not in question:
+            raise ValueError(
+                f"question {position} needs an 'id' and a 'question' string: {question!r:.100}"
+            )
+    started = time.perf_counter()
+    retriever = bm25s.BM25.load(index_dir, mmap=True, show_progress=False)
+    ids = np.load(index_dir / _IDS, allow_pickle=False)
+    k = min(cfg.top_k, len(ids))
+
+    rows: list[np.ndarray] = []  # (Q, k) passage row numbers, best first
+    scores: list[np.ndarray] = []  # (Q, k)
+    bar = progress(desc="BM25 search", unit="questions", total=len(questions), log=logger)
+    for start in range(0, len(questions), cfg.batch_size):
+        batch = questions[start : start + cfg.batch_size]
+        tokens = _query_tokens([q["question"] for q in batch], meta)
+        result = retriever.retrieve(tokens, k=k, sorted=True, show_progress=False)
+        rows.extend(result.documents)
+        scores.extend(result.scores)
+        bar.update(len(batch))
+    bar.close()
+    searched = time.perf_counter()
+
+    passages = _fetch_passages(passages_path, ids, {int(r) for rs in rows for r in rs})
+    records = retrieval_records(
+        questions, [r.tolist() for r in rows], [s.tolist() for s in scores], passages
+    )
+    logger.info(
+        "BM25: %d questions x top %d in %.1f s (search %.1f s, fetching passages and has-answer "
+        "%.1f s)",
+        len(questions),
+        k,
+        time.perf_counter() - started,
+        searched - started,
+        time.perf_counter() - searched,
+    )
+    return records
+
+
+def retrieve_bm25(
+    cfg: BM25Config, index_dir: Path, passages_path: Path, questions_path: Path, output: Path
+) -> None:
+    """`fid retrieve-bm25`: the top `cfg.top_k` passages of every question of a question file
+    (any format `load_questions` reads), written as FiD-format json."""
+    questions = load_questions(questions_path)
+    records = rank_bm25(index_dir, passages_path, questions, cfg)
+    atomic_write_json(output, records)
+    logger.info("retrieved %d passages for %d questions into %s", cfg.top_k, len(records), output)

@@ -1,0 +1,94 @@
+"""Dense retrieval: questions encoded by the retriever, searched in the passage index.
+
+`retrieve` (`rank_dense` for questions in memory) encodes questions (each rank its share),
+searches the faiss index and returns FiD-format records whose ctxs carry DPR's `has_answer`.
+Passages are embedded by fid.retrieval.embeddings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fid.config import RetrieveConfig
+from fid.data.passages import fetch_passages
+from fid.data.questions import load_questions
+from fid.models.loading import load_retriever
+from fid.models.retriever import DualEncoder, RetrieverTokenizer
+from fid.retrieval.index import PassageIndex
+from fid.retrieval.ranking import retrieval_records
+from fid.runtime import distributed
+from fid.runtime.fileio import atomic_write_json
+from fid.runtime.logs import progress
+from fid.runtime.precision import autocast
+
+logger = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def encode_questions(
+    model: DualEncoder,
+    encode: RetrieverTokenizer,
+    questions: Sequence[str],
+    batch_size: int,
+    device: torch.device,
+    precision: str,
+) -> np.ndarray:
+    """(q, D) float32 question embeddings in input order (each rank encodes its share)."""
+    model.eval()
+    mine = [questions[i] for i in distributed.shard_indices(len(questions))]
+    out = np.empty((len(mine), model.dim), dtype=np.float32)
+    bar = progress(desc="encode questions", unit="questions", total=len(mine), log=logger)
+    with autocast(device, precision), bar:
+        for start in range(0, len(mine), batch_size):
+            batch = encode.questions(list(mine[start : start + batch_size])).to(device)
+            vectors = model.encode_questions(batch["input_ids"], batch["attention_mask"])
+            out[start : start + len(vectors)] = vectors.float().cpu().numpy()
+            bar.update(len(vectors))
+    rows = distributed.gather_in_order(len(questions), list(out))
+    return np.stack(rows) if rows else np.empty((0, model.dim), dtype=np.float32)
+
+
+def rank_dense(
+    model: DualEncoder,
+    encode: RetrieverTokenizer,
+    index: PassageIndex,
+    passages_path,
+    questions: Sequence[dict],
+    cfg: RetrieveConfig,
+    device: torch.device,
+) -> list[dict]:
+    """Dense retrieval of the top `cfg.top_k` passages of each question, as FiD records."""
+    vectors = encode_questions(
+        model, encode, [q["question"] for q in questions], cfg.batch_size, device, cfg.precision
+    )
+    if cfg.nprobe is not None or cfg.ef_search is not None:
+        index.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search)
+    scores, ranked_ids = index.search(vectors, cfg.top_k)
+    needed = {passage_id for ids in ranked_ids for passage_id in ids}
+    passages = fetch_passages(passages_path, needed)
+    return retrieval_records(questions, ranked_ids, scores, passages, cfg.has_answer_mode)
+
+
+def retrieve(
+    cfg: RetrieveConfig,
+    model_path: Path,
+    index_path: Path,
+    passages_path: Path,
+    questions_path: Path,
+    output: Path,
+    device: torch.device,
+) -> None:
+    """`fid retrieve`: the top `cfg.top_k` passages of every question of a question file by
+    the retriever and its index, written as FiD-format json (by rank 0)."""
+    questions = load_questions(questions_path)
+    retriever, encode = load_retriever(model_path, cfg.question_max_tokens, 8, device)
+    index = PassageIndex.load(index_path, expected_dim=retriever.dim)
+    records = rank_dense(retriever, encode, index, passages_path, questions, cfg, device)
+    if distributed.is_main():
+        atomic_write_json(output, records)
+    logger.info("retrieved %d passages for %d questions into %s", cfg.top_k, len(records), output)

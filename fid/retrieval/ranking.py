@@ -1,0 +1,93 @@
+"""Retrieval output: each question with its ranked passages as FiD `ctxs`, with DPR's has-answer.
+
+Shared by BM25 and dense retrieval. A passage that many questions retrieve is tokenized once for
+all of them (DPR's rule compares token sequences), which keeps the has-answer check far cheaper
+than the search itself at 100 passages per question.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Mapping, Sequence
+
+from fid.data.passages import Passage
+from fid.metrics.has_answer import AnswerMatcher, tokenize
+from fid.runtime.logs import progress
+
+logger = logging.getLogger(__name__)
+
+
+def has_answer_flags(
+    answers: Sequence[Sequence[str]],
+    ranked: Sequence[Sequence[Hashable]],
+    texts: Mapping[Hashable, str],
+    mode: str = "string",
+) -> list[list[bool]]:
+    """DPR's has-answer flag of every ranked passage of every question.
+
+    Args:
+        answers: each question's gold answers (none: every flag is False).
+        ranked: each question's passage keys, best first.
+        texts: passage text by key.
+        mode: "string" (DPR's token rule) or "regex".
+
+    Returns:
+        flags[q][r] for question q and rank r.
+    """
+    matchers = [AnswerMatcher(gold, mode) if gold else None for gold in answers]
+    flags = [[False] * len(keys) for keys in ranked]
+    if mode != "string":
+        for q, keys in enumerate(progress(ranked, desc="has-answer", unit="questions", log=logger)):
+            if matchers[q] is not None:
+                flags[q] = [matchers[q].matches(texts[key]) for key in keys]
+        return flags
+    readers: dict[Hashable, list[tuple[int, int]]] = {}  # passage -> (question, rank)
+    for q, keys in enumerate(ranked):
+        if matchers[q] is not None:
+            for rank, key in enumerate(keys):
+                readers.setdefault(key, []).append((q, rank))
+    for key, refs in progress(readers.items(), desc="has-answer", unit="passages", log=logger):
+        tokens = tokenize(texts[key])
+        for q, rank in refs:
+            flags[q][rank] = matchers[q].matches_tokens(tokens)
+    return flags
+
+
+def retrieval_records(
+    questions: Sequence[dict],
+    ranked: Sequence[Sequence[Hashable]],
+    scores: Sequence[Sequence[float]],
+    passages: Mapping[Hashable, Passage],
+    mode: str = "string",
+) -> list[dict]:
+    """FiD records `{id, question, answers, ctxs: [{id, title, text, score, has_answer}]}`.
+
+    Args:
+        questions: {"id", "question", "answers"} dicts.
+        ranked: each question's passage keys, best first.
+        scores: the matching retrieval scores.
+        passages: the passages by key.
+        mode: the has-answer rule ("string" or "regex").
+    """
+    answers = [q.get("answers") or [] for q in questions]
+    texts = {key: passages[key].text for keys in ranked for key in keys}
+    flags = has_answer_flags(answers, ranked, texts, mode)
+    records = []
+    for question, gold, keys, row, row_flags in zip(
+        questions, answers, ranked, scores, flags, strict=True
+    ):
+        ctxs = [
+            {
+                "id": passages[key].id,
+                "title": passages[key].title,
+                "text": passages[key].text,
+                "score": float(score),
+                "has_answer": flag,
+            }
+            for key, score, flag in zip(keys, row, row_flags, strict=False)
+        ]
+        records.append(
+            {"id": str(question["id"]), "question": question["question"],
+             "answers": list(gold), "ctxs": ctxs}
+        )  # fmt: skip
+    return records

@@ -1,0 +1,71 @@
+"""A training run end to end: its state folder held, trained or resumed, the best model exported.
+
+`train_and_export` is what `fid train-reader` and `fid train-retriever` run once their task is
+built: the data files are fingerprinted into the run's record, the state folder is held for
+the whole run, the loop trains (resuming what the state holds), and rank 0 exports best_dev.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+import yaml
+
+from fid.config import TrainingConfig, config_to_dict
+from fid.runtime import distributed
+from fid.runtime.fileio import atomic_directory
+from fid.training.loop import TrainTask, run_training
+from fid.training.resume import input_fingerprints
+from fid.training.state_lock import hold_state
+
+logger = logging.getLogger(__name__)
+
+
+def train_and_export(
+    task: TrainTask,
+    cfg: TrainingConfig,
+    state_dir: str | Path,
+    output_dir: str | Path,
+    device: torch.device,
+    precision: str,
+    inputs: dict[str, str | Path] | None = None,
+) -> dict:
+    """Runs (or resumes) training, then rank 0 exports best_dev to `output_dir`.
+
+    The run holds `state_dir` throughout (`state_lock.hold_state`): a second run on it ends
+    at once, and the leftovers of killed runs are swept from it and beside `output_dir`.
+    `inputs` (name -> data file) are fingerprinted by content into the run's record, so a
+    resume on other data is refused; the exported `train_config.yaml` keeps them as provenance.
+
+    Returns:
+        The exported model's step and dev metric.
+
+    Raises:
+        StateInUse: when another run holds `state_dir`.
+    """
+    record = config_to_dict(cfg)
+    if inputs:
+        fingerprints = input_fingerprints(inputs) if distributed.is_main() else None
+        record["inputs"] = distributed.broadcast_object(fingerprints)  # hashed once per run
+    with hold_state(state_dir, output_dir):
+        progress = run_training(task, cfg, state_dir, device, precision, record)
+        if distributed.is_main():
+            export_best_model(state_dir, output_dir, record)
+        distributed.barrier()
+    logger.info(
+        "exported the best dev model (step %s, %s %.2f%%) to %s",
+        progress.best_step, task.dev_metric, progress.best_metric, output_dir,
+    )  # fmt: skip
+    return {"best_step": progress.best_step, task.dev_metric: progress.best_metric}
+
+
+def export_best_model(state_dir: str | Path, output_dir: str | Path, record: dict) -> None:
+    """Writes best_dev, with the run's metrics.jsonl and config, atomically to `output_dir`."""
+    state_dir = Path(state_dir)
+    with atomic_directory(output_dir) as tmp:
+        shutil.copytree(state_dir / "best_dev", tmp, dirs_exist_ok=True)
+        shutil.copy(state_dir / "metrics.jsonl", tmp / "metrics.jsonl")
+        (tmp / "train_config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
