@@ -84,7 +84,7 @@ def _config(path: Path, steps: int, log_every: int, precision: str) -> Path:
     path.write_text(yaml.safe_dump(dict(
         n_passages=N_PASSAGES, batch_size_per_device=BATCH_PER_RANK, max_steps=steps, lr=1e-3,
         warmup_steps=5, eval_every_steps=0, save_every_steps=0, log_every_steps=log_every,
-        eval_max_questions=4, batch_size=4, max_answer_tokens=5, precision=precision,
+        eval_max_questions=4, eval_batch_size=4, max_new_tokens=5, precision=precision,
         tensorboard=False, dropout=0.0,
     )))  # fmt: skip
     return path

@@ -37,8 +37,8 @@ def main() -> None:
         config = out / f"{precision}.yaml"
         config.write_text(yaml.safe_dump(dict(
             n_passages=10, passage_max_tokens=96, batch_size_per_device=16, max_steps=60,
-            lr=1e-3, warmup_steps=5, eval_every_steps=30, log_every_steps=10, batch_size=64,
-            max_answer_tokens=8, precision=precision, activation_checkpointing=True,
+            lr=1e-3, warmup_steps=5, eval_every_steps=30, log_every_steps=10, eval_batch_size=64,
+            max_new_tokens=8, precision=precision, activation_checkpointing=True,
         )))  # fmt: skip
         fid("train-reader", "--config", config, "--train", data / "train.json", "--dev",
             data / "dev.json", "--init-model", out / "init", "--output", out / f"reader-{precision}",

@@ -26,8 +26,8 @@ FAST_TRAIN = dict(
     eval_every_steps=3,
     save_every_steps=3,
     log_every_steps=1,
-    batch_size=4,
-    max_answer_tokens=4,
+    eval_batch_size=4,
+    max_new_tokens=4,
     tensorboard=False,
 )
 
@@ -171,7 +171,7 @@ def test_train_eval_score(tmp_path, files, tiny_model_dir, toy_records):
     unlabeled = [dict(r, answers=[]) for r in toy_records["test"][:3]]
     questions = write_json(tmp_path / "unlabeled.json", unlabeled)
     eval_config = _yaml(
-        tmp_path / "eval.yaml", {"n_passages": 4, "num_beams": 2, "max_answer_tokens": 3}
+        tmp_path / "eval.yaml", {"n_passages": 4, "num_beams": 2, "max_new_tokens": 3}
     )
     code = main(
         ["eval-reader", "--config", str(eval_config), "--model", str(model), "--questions",

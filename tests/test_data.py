@@ -139,7 +139,7 @@ def test_collator_masks_padding_and_truncation(tmp_path, tokenizer):
 
 def test_fixed_answer_length(tmp_path, tokenizer):
     examples = load_examples(write_json(tmp_path / "a.json", [_record(0), _record(1)]))
-    collator = ReaderCollator(tokenizer, 2, 16, answer_max_tokens=4)
+    collator = ReaderCollator(tokenizer, 2, 16, target_max_tokens=4)
     labels = collator(examples, ["a", "one two three four five six"]).labels
     assert labels.shape == (2, 4)
     n_answer = len(tokenizer("a", add_special_tokens=False)["input_ids"])

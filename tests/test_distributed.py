@@ -104,7 +104,7 @@ def _reader_config(tmp_path, batch):
     return _yaml(tmp_path / f"train{batch}.yaml", dict(
         n_passages=3, passage_max_tokens=32, batch_size_per_device=batch, max_steps=4,
         lr=1e-3, warmup_steps=1, eval_every_steps=2, save_every_steps=2, log_every_steps=1,
-        batch_size=2, max_answer_tokens=3, precision="fp32", tensorboard=False, dropout=0.0,
+        eval_batch_size=2, max_new_tokens=3, precision="fp32", tensorboard=False, dropout=0.0,
     ))  # fmt: skip
 
 
@@ -165,7 +165,9 @@ def test_retriever_two_ranks_equal_one_process(tmp_path, toy_records):
 @pytest.mark.slow
 def test_eval_and_scoring_lose_nothing_on_1_2_3_ranks(tmp_path, tiny_model_dir, toy_records):
     questions = write_json(tmp_path / "q.json", toy_records["dev"][:7])  # 7: not divisible by 2, 3
-    config = _yaml(tmp_path / "c.yaml", {"n_passages": 3, "max_answer_tokens": 3, "batch_size": 2})
+    config = _yaml(
+        tmp_path / "c.yaml", {"n_passages": 3, "max_new_tokens": 3, "eval_batch_size": 2}
+    )
     score_config = _yaml(tmp_path / "s.yaml", {"n_passages": 3, "batch_size": 2})
     outputs = {}
     for world in (1, 2, 3):
@@ -206,7 +208,7 @@ def test_interrupted_runs_end_bitwise_equal(tmp_path, tiny_model_dir, toy_record
     config = _yaml(tmp_path / "c.yaml", dict(
         n_passages=3, passage_max_tokens=32, batch_size_per_device=4, max_steps=120, lr=1e-3,
         warmup_steps=5, eval_every_steps=60, save_every_steps=1 if how == "sigkill" else 1000,
-        keep_last_checkpoints=2, log_every_steps=10, batch_size=3, max_answer_tokens=3,
+        keep_last_checkpoints=2, log_every_steps=10, eval_batch_size=3, max_new_tokens=3,
         precision="fp32", tensorboard=False, dropout=0.1,
     ))  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -270,8 +272,8 @@ def test_a_signal_outside_the_loop_is_no_kill(tmp_path, tiny_model_dir, toy_reco
     dev = write_json(tmp_path / "dev.json", toy_records["dev"][:2])
     config = _yaml(tmp_path / "c.yaml", dict(
         n_passages=2, passage_max_tokens=16, batch_size_per_device=2, max_steps=3,
-        eval_every_steps=0, save_every_steps=0, log_every_steps=1, batch_size=2,
-        max_answer_tokens=3, tensorboard=False,
+        eval_every_steps=0, save_every_steps=0, log_every_steps=1, eval_batch_size=2,
+        max_new_tokens=3, tensorboard=False,
     ))  # fmt: skip
     args = _train_args(tmp_path, tiny_model_dir, train, dev, "run", config)[3:]  # after -m fid
     command = [sys.executable, "-c", _SIGNAL_AT, moment, *args]

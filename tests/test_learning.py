@@ -33,12 +33,12 @@ COMMON = dict(
     eval_every_steps=0,
     save_every_steps=0,
     log_every_steps=50,
-    max_answer_tokens=8,
+    max_new_tokens=8,
     activation_checkpointing=False,
     encoder_buckets=1,
     tensorboard=False,
     eval_max_questions=100,
-    batch_size=64,
+    eval_batch_size=64,
 )
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import SAMPLES
 
 from fid.cli import main
-from fid.runtime.logs import PROGRESS_INTERVAL_ENV, progress
+from fid.runtime.progress import PROGRESS_INTERVAL_ENV, progress
 
 SQUAD = SAMPLES / "squad-open-tiny"
 log = logging.getLogger("fid.test_progress")

@@ -30,8 +30,8 @@ def _config(**overrides):
         log_every_steps=2,
         keep_last_checkpoints=5,
         eval_max_questions=4,
-        batch_size=4,
-        max_answer_tokens=4,
+        eval_batch_size=4,
+        max_new_tokens=4,
         dropout=0.1,  # dropout draws random numbers: their state must survive a resume
         precision="fp32",
         tensorboard=False,

@@ -35,8 +35,8 @@ TRAIN = dict(
     eval_every_steps=2,
     save_every_steps=2,
     log_every_steps=1,
-    batch_size=4,
-    max_answer_tokens=3,
+    eval_batch_size=4,
+    max_new_tokens=3,
     precision="fp32",
     tensorboard=False,
 )

@@ -95,7 +95,13 @@ def config_from_dict(data: dict[str, Any], cls: type[T], source: str = "config")
         )
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
+    renamed = getattr(cls, "renamed_keys", {})
     for key, value in data.items():
+        if key not in fields and key in renamed:
+            raise ConfigError(
+                f"{source}: {key!r} was renamed: use {renamed[key]!r} (same meaning) in "
+                f"{cls.__name__}"
+            )
         if key not in fields:
             raise ConfigError(
                 f"{source}: unknown key {key!r} for {cls.__name__}. "

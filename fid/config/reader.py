@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fid.config.loading import check_range
 from fid.config.training import TrainingConfig
@@ -16,7 +16,10 @@ class ReaderInputConfig:
 
     Attributes:
         n_passages: passages read per question (the top ones by `score`; fewer are padded).
-        passage_max_tokens: tokens kept of each `question: Q title: T context: P` input.
+        passage_max_tokens: tokens kept of each `question: Q title: T context: P` input. Set by
+            training and recorded in the model folder (fid.models.settings); eval and scoring
+            read it from there (None), and a different value here is an error unless
+            `override_model_settings`.
         encoder_buckets: a question batch's passages are sorted by length and encoded in this
             many groups, each padded only to its own longest; 1 encodes them all at once.
         pack_passages: hand the decoder only the real tokens of each question's passages
@@ -31,7 +34,7 @@ class ReaderInputConfig:
     """
 
     n_passages: int = 100
-    passage_max_tokens: int = 250
+    passage_max_tokens: int | None = None
     encoder_buckets: int = 8
     pack_passages: bool = True
     pad_to_max_length: bool = False
@@ -40,7 +43,7 @@ class ReaderInputConfig:
 
     def __post_init__(self):
         check_range("n_passages", self.n_passages, low=1)
-        check_range("passage_max_tokens", self.passage_max_tokens, low=8)
+        check_range("passage_max_tokens", self.passage_max_tokens, low=8, allow_none=True)
         check_range("encoder_buckets", self.encoder_buckets, low=1)
 
 
@@ -49,25 +52,38 @@ class GenerationConfig(ReaderInputConfig):
     """Reader generation knobs shared by dev evaluation and `fid eval-reader`.
 
     Attributes:
-        batch_size: questions per generation batch.
-        max_answer_tokens: most tokens generated per answer (EOS included).
+        eval_batch_size: questions per generation batch.
+        max_new_tokens: most tokens generated per answer (EOS included).
         num_beams: 1 is greedy decoding, more is beam search.
     """
 
-    batch_size: int = 8
-    max_answer_tokens: int = 20
+    # Keys of earlier versions, refused with their new name.
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "batch_size": "eval_batch_size",
+        "max_answer_tokens": "max_new_tokens",
+    }
+
+    eval_batch_size: int = 8
+    max_new_tokens: int = 20
     num_beams: int = 1
 
     def __post_init__(self):
         super().__post_init__()
-        check_range("batch_size", self.batch_size, low=1)
-        check_range("max_answer_tokens", self.max_answer_tokens, low=1)
+        check_range("eval_batch_size", self.eval_batch_size, low=1)
+        check_range("max_new_tokens", self.max_new_tokens, low=1)
         check_range("num_beams", self.num_beams, low=1)
 
 
 @dataclass(frozen=True)
 class EvalReaderConfig(GenerationConfig):
-    """`fid eval-reader`: generate answers and score them (EM, F1)."""
+    """`fid eval-reader`: generate answers and score them (EM, F1).
+
+    Attributes:
+        override_model_settings: use this config's `passage_max_tokens` even where the model
+            folder records another (the model then reads inputs unlike its training's).
+    """
+
+    override_model_settings: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,11 +98,13 @@ class ScorePassagesConfig(ReaderInputConfig):
             averaged over layers and heads (Atlas's family of distillation targets).
         precision: fp32 by default, everywhere: the scores are the retriever's teacher, and
             the original computed them in fp32 (bf16 moves near-tied passages' order).
+        override_model_settings: as in EvalReaderConfig.
     """
 
     batch_size: int = 8
     mode: Literal["mean_logit", "attention_mass"] = "mean_logit"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
+    override_model_settings: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -98,14 +116,21 @@ class ReaderTrainConfig(TrainingConfig, GenerationConfig):
     """`fid train-reader`: the training loop, the reader inputs and the dev generation.
 
     Attributes:
-        answer_max_tokens: if set, every target is padded or truncated to exactly this many
+        passage_max_tokens: as in ReaderInputConfig; recorded in the exported model folder.
+        target_max_tokens: if set, every target is padded or truncated to exactly this many
             tokens (EOS included), so the decoder sees one shape; None pads to the batch's longest.
         activation_checkpointing: recompute activations in the backward pass (training only).
         dropout: overrides the model's dropout rate when set.
         eval_max_questions: evaluate on the first this-many dev questions (None = all).
     """
 
-    answer_max_tokens: int | None = None
+    renamed_keys: ClassVar[dict[str, str]] = {
+        **GenerationConfig.renamed_keys,
+        "answer_max_tokens": "target_max_tokens",
+    }
+
+    passage_max_tokens: int = 250
+    target_max_tokens: int | None = None
     activation_checkpointing: bool = True
     dropout: float | None = None
     eval_max_questions: int | None = None
@@ -113,7 +138,8 @@ class ReaderTrainConfig(TrainingConfig, GenerationConfig):
     def __post_init__(self):
         TrainingConfig.__post_init__(self)
         GenerationConfig.__post_init__(self)
-        check_range("answer_max_tokens", self.answer_max_tokens, low=2, allow_none=True)
+        check_range("passage_max_tokens", self.passage_max_tokens, low=8)
+        check_range("target_max_tokens", self.target_max_tokens, low=2, allow_none=True)
         check_range("dropout", self.dropout, low=0.0, high=1.0, allow_none=True)
         check_range("eval_max_questions", self.eval_max_questions, low=1, allow_none=True)
 

@@ -74,7 +74,13 @@ class RetrieverTrainConfig(TrainingConfig):
     Attributes:
         n_passages: scored passages per question in the loss (those with a `score_key` value).
         score_key: the ctx field holding the teacher score (written by `fid score-passages`).
-        question_max_tokens, passage_max_tokens: truncation of the encoder inputs.
+        question_max_tokens, passage_max_tokens: truncation of the encoder inputs (recorded in
+            the model folder: embedding and retrieval use them).
+        input_format: how questions and passages become encoder inputs, recorded in the model
+            folder: "pair" (DPR: `[CLS] Q [SEP]`, `[CLS] T [SEP] C [SEP]`), "fid" (the original's
+            single sequences `question: Q` and `title: T context: C`) or "plain" (`Q`, `T C`).
+        query_prefix, passage_prefix: text before every question / passage input (recorded).
+        normalize: L2-normalise the embeddings (cosine similarity; recorded).
         pooling: "mean" (masked mean of token states, FiD's choice) or "cls".
         projection_dim: a linear projection + LayerNorm to this size (None = encoder width).
         shared_encoder: one encoder for questions and passages (FiD's choice) or two.
@@ -96,9 +102,13 @@ class RetrieverTrainConfig(TrainingConfig):
     score_key: str = "reader_score"
     question_max_tokens: int = 40
     passage_max_tokens: int = 200
+    input_format: Literal["fid", "pair", "plain"] = "pair"
+    query_prefix: str = ""
+    passage_prefix: str = ""
     pooling: Literal["mean", "cls"] = "mean"
     projection_dim: int | None = None
     shared_encoder: bool = True
+    normalize: bool = False
     reader_temperature: float = 1.0
     retriever_temperature: float = 1.0
     in_batch_negatives: bool = False
@@ -175,24 +185,28 @@ class EmbedPassagesConfig:
 
     Attributes:
         batch_size: passages per encoder call.
-        passage_max_tokens: truncation of `title [SEP] text` (as in retriever training).
+        passage_max_tokens: truncation of each passage input; None (the default) takes the
+            retriever's own (recorded in its folder by training, fid.models.settings), and
+            another value is an error unless `override_model_settings`.
         sort_by_length: sort passages by token count within chunks, so a batch is padded only
             to its own longest passage.
         sort_chunk: passages read, sorted and embedded together (bounds memory on 21M rows).
         pad_to_max_length: pad every batch to `passage_max_tokens` (a baseline for comparison).
         precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
+        override_model_settings: use this config's `passage_max_tokens` over the model's.
     """
 
     batch_size: int = 128
-    passage_max_tokens: int = 200
+    passage_max_tokens: int | None = None
     sort_by_length: bool = True
     sort_chunk: int = 65536
     pad_to_max_length: bool = False
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    override_model_settings: bool = False
 
     def __post_init__(self):
         check_range("batch_size", self.batch_size, low=1)
-        check_range("passage_max_tokens", self.passage_max_tokens, low=8)
+        check_range("passage_max_tokens", self.passage_max_tokens, low=8, allow_none=True)
         check_range("sort_chunk", self.sort_chunk, low=1)
 
 
@@ -245,24 +259,27 @@ class RetrieveConfig:
     Attributes:
         top_k: passages kept per question.
         batch_size: questions per encoder call.
-        question_max_tokens: truncation of questions (as in retriever training).
+        question_max_tokens: truncation of questions; None (the default) takes the
+            retriever's own, as `EmbedPassagesConfig.passage_max_tokens`.
         nprobe, ef_search: IVF / HNSW search breadth; None keeps the index's own settings.
         has_answer_mode: DPR's "string" rule, or "regex" for answers given as patterns.
         precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
+        override_model_settings: use this config's `question_max_tokens` over the model's.
     """
 
     top_k: int = 100
     batch_size: int = 64
-    question_max_tokens: int = 40
+    question_max_tokens: int | None = None
     nprobe: int | None = None
     ef_search: int | None = None
     has_answer_mode: Literal["string", "regex"] = "string"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    override_model_settings: bool = False
 
     def __post_init__(self):
         check_range("top_k", self.top_k, low=1)
         check_range("batch_size", self.batch_size, low=1)
-        check_range("question_max_tokens", self.question_max_tokens, low=4)
+        check_range("question_max_tokens", self.question_max_tokens, low=4, allow_none=True)
         check_range("nprobe", self.nprobe, low=1, allow_none=True)
         check_range("ef_search", self.ef_search, low=1, allow_none=True)
 

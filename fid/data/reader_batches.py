@@ -68,7 +68,7 @@ class ReaderCollator:
         tokenizer: a Hugging Face tokenizer of the reader.
         n_passages: passage slots per question (top by score; missing ones are masked).
         passage_max_tokens: tokens kept per passage input (truncated beyond).
-        answer_max_tokens: when set, targets are padded or truncated to exactly this length.
+        target_max_tokens: when set, targets are padded or truncated to exactly this length.
         pad_to_max_length: pad L to `passage_max_tokens` instead of the batch's longest.
     """
 
@@ -77,7 +77,7 @@ class ReaderCollator:
         tokenizer,
         n_passages: int,
         passage_max_tokens: int,
-        answer_max_tokens: int | None = None,
+        target_max_tokens: int | None = None,
         pad_to_max_length: bool = False,
     ):
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
@@ -85,7 +85,7 @@ class ReaderCollator:
         self.tokenizer = tokenizer
         self.n_passages = n_passages
         self.passage_max_tokens = passage_max_tokens
-        self.answer_max_tokens = answer_max_tokens
+        self.target_max_tokens = target_max_tokens
         self.pad_to_max_length = pad_to_max_length
 
     def _encode(self, texts: list[str], max_tokens: int) -> list[list[int]]:
@@ -98,7 +98,7 @@ class ReaderCollator:
     def encode_targets(self, targets: Sequence[str]) -> torch.Tensor:
         """(B, A) label ids: answer tokens + EOS, -100 where padded."""
         eos = self.tokenizer.eos_token_id
-        limit = self.answer_max_tokens
+        limit = self.target_max_tokens
         rows = [
             ids[: limit - 1] + [eos] if limit else ids + [eos]
             for ids in self._encode(list(targets), max_tokens=10_000)

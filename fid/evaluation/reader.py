@@ -52,7 +52,7 @@ def eval_reader(
     mine = [examples[i] for i in distributed.shard_indices(len(examples))]
     with torch.no_grad(), autocast(device, cfg.precision):
         local = generate_answers(
-            reader, tokenizer, collator, mine, cfg.batch_size, cfg.max_answer_tokens,
+            reader, tokenizer, collator, mine, cfg.eval_batch_size, cfg.max_new_tokens,
             cfg.num_beams, device,
         )  # fmt: skip
     predictions = distributed.gather_in_order(len(examples), local)

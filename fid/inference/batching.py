@@ -13,18 +13,36 @@ from fid.data.examples import Example
 from fid.data.reader_batches import ReaderCollator
 from fid.models.folder_checks import check_reader
 from fid.models.loading import load_reader
-from fid.runtime.logs import progress
+from fid.models.settings import ReaderSettings, resolve_setting
+from fid.runtime.progress import progress
+
+# The passage length of a reader whose folder records none (t5-base, a converted release):
+# the original's text_maxlength.
+DEFAULT_PASSAGE_MAX_TOKENS = 250
 
 
 def reader_and_collator(cfg, model_path: Path, device: torch.device):
     """The reader of a folder in eval mode on `device`, its tokenizer and a collator of `cfg`'s
-    reader inputs (`cfg`: an EvalReaderConfig or ScorePassagesConfig)."""
+    reader inputs (`cfg`: an EvalReaderConfig or ScorePassagesConfig).
+
+    The passage length is the model's own (`fid_reader.json`, written by training); a config
+    value that differs is refused unless `cfg.override_model_settings` (fid.models.settings).
+    """
     check_reader(model_path)
+    settings = ReaderSettings.load(model_path) if Path(model_path).is_dir() else ReaderSettings()
+    passage_max_tokens = resolve_setting(
+        "passage_max_tokens",
+        settings.passage_max_tokens,
+        cfg.passage_max_tokens,
+        model=model_path,
+        override=cfg.override_model_settings,
+        default=DEFAULT_PASSAGE_MAX_TOKENS,
+    )
     reader, tokenizer = load_reader(str(model_path), cfg.encoder_buckets, cfg.pack_passages)
     reader.to(device).eval()
     reader.set_attention(cfg.attention, device)
     collator = ReaderCollator(
-        tokenizer, cfg.n_passages, cfg.passage_max_tokens, pad_to_max_length=cfg.pad_to_max_length
+        tokenizer, cfg.n_passages, passage_max_tokens, pad_to_max_length=cfg.pad_to_max_length
     )
     return reader, tokenizer, collator
 

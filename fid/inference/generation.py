@@ -25,7 +25,7 @@ def generate_answers(
     collator: ReaderCollator,
     examples: Sequence[Example],
     batch_size: int,
-    max_answer_tokens: int,
+    max_new_tokens: int,
     num_beams: int,
     device: torch.device,
 ) -> list[str]:
@@ -34,9 +34,7 @@ def generate_answers(
     batches = length_sorted_batches(collator, examples, batch_size)
     for indices in counted(batches, "generate", logger):
         batch = collator([examples[i] for i in indices]).to(device)
-        output = reader.generate(
-            batch.input_ids, batch.attention_mask, max_answer_tokens, num_beams
-        )
+        output = reader.generate(batch.input_ids, batch.attention_mask, max_new_tokens, num_beams)
         texts = tokenizer.batch_decode(output, skip_special_tokens=True)
         for i, text in zip(indices, texts, strict=True):
             predictions[i] = text.strip()

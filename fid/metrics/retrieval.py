@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from fid.metrics.answers import UNIT
 from fid.metrics.has_answer import AnswerMatcher
-from fid.runtime.logs import progress
+from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,11 @@ from transformers import AutoTokenizer, T5ForConditionalGeneration
 from fid.models.folder_checks import check_retriever
 from fid.models.reader import FiDReader
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
+from fid.models.settings import resolve_setting
+
+# Lengths of a model whose folder records none (a plain pretrained encoder, an older fid's).
+DEFAULT_QUESTION_MAX_TOKENS = 40
+DEFAULT_PASSAGE_MAX_TOKENS = 200
 
 
 def load_reader(
@@ -24,10 +29,39 @@ def load_reader(
 
 
 def load_retriever(
-    model: Path, question_max_tokens: int, passage_max_tokens: int, device: torch.device
+    model: Path,
+    question_max_tokens: int | None,
+    passage_max_tokens: int | None,
+    device: torch.device,
+    *,
+    override: bool = False,
 ) -> tuple[DualEncoder, RetrieverTokenizer]:
-    """A retriever folder (checked first) in eval mode on `device`, and its input encoder."""
+    """A retriever folder (checked first) in eval mode on `device`, and its input encoder.
+
+    The input format, prefixes and lengths are the model's own (its DualEncoderSpec); a length
+    given here must agree with the recorded one unless `override` (fid.models.settings). A
+    plain encoder folder records none: the given lengths, else DEFAULT_*_MAX_TOKENS.
+
+    Raises:
+        ModelFolderError: a missing or incomplete folder.
+        ModelSettingsError: a length that disagrees with the model's.
+    """
     check_retriever(model)
     retriever, tokenizer = DualEncoder.from_pretrained(model)
+    spec = retriever.spec
+    lengths = {
+        name: resolve_setting(
+            name, recorded, given, model=model, override=override, default=default
+        )
+        for name, recorded, given, default in (
+            ("question_max_tokens", spec.question_max_tokens, question_max_tokens,
+             DEFAULT_QUESTION_MAX_TOKENS),
+            ("passage_max_tokens", spec.passage_max_tokens, passage_max_tokens,
+             DEFAULT_PASSAGE_MAX_TOKENS),
+        )
+    }  # fmt: skip
     retriever.to(device).eval()
-    return retriever, RetrieverTokenizer(tokenizer, question_max_tokens, passage_max_tokens)
+    encode = RetrieverTokenizer.for_spec(
+        tokenizer, spec, lengths["question_max_tokens"], lengths["passage_max_tokens"]
+    )
+    return retriever, encode

@@ -9,7 +9,8 @@ Shapes: B questions, N passages per question, P passages in a flat batch, L toke
 dimension.
 
 Saved folder layout (`save_pretrained`):
-    dual_encoder.json     pooling, projection_dim, shared, base model name
+    dual_encoder.json     the DualEncoderSpec: how the model is built (pooling, projection,
+                          sharing, normalisation) and fed (input format, prefixes, lengths)
     question_encoder/     a plain Hugging Face model folder (+ tokenizer)
     passage_encoder/      only when the encoders are not shared
     head.safetensors      projection + LayerNorm weights, when projected
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -34,14 +35,44 @@ HEAD_FILE = "head.safetensors"
 CONFIG_FILE = "dual_encoder.json"
 
 
+INPUT_FORMATS = ("fid", "pair", "plain")
+
+
 @dataclass(frozen=True)
 class DualEncoderSpec:
-    """How a DualEncoder is put together (saved beside the weights)."""
+    """How a DualEncoder is put together and fed (saved beside the weights, so that every
+    command feeds the model as it was trained: fid.models.settings).
+
+    Attributes:
+        pooling: "mean" (masked mean of the token states) or "cls".
+        projection_dim: a linear projection + LayerNorm to this size (None: the encoder's).
+        shared: one encoder for questions and passages.
+        base_model: the encoder it started from (provenance).
+        input_format: "fid": single sequences `question: Q` and `title: T context: C`
+            (facebookresearch/FiD's retriever); "pair": DPR-style `[CLS] Q [SEP]` and
+            `[CLS] T [SEP] C [SEP]` sentence pairs; "plain": `Q` and `T C` as one sequence.
+        query_prefix, passage_prefix: text put before every question / passage input (E5- and
+            BGE-style encoders need e.g. "query: " and "passage: ").
+        question_max_tokens, passage_max_tokens: the truncation it was trained with (None:
+            not recorded).
+        normalize: L2-normalise the embeddings (cosine similarity; sentence-transformers
+            models with a Normalize module).
+    """
 
     pooling: Literal["mean", "cls"] = "mean"
     projection_dim: int | None = None
     shared: bool = True
     base_model: str = ""
+    input_format: Literal["fid", "pair", "plain"] = "pair"
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    question_max_tokens: int | None = None
+    passage_max_tokens: int | None = None
+    normalize: bool = False
+
+    def __post_init__(self):
+        if self.input_format not in INPUT_FORMATS:
+            raise ValueError(f"input_format {self.input_format!r}: expected one of {INPUT_FORMATS}")
 
 
 class DualEncoder(nn.Module):
@@ -88,6 +119,8 @@ class DualEncoder(nn.Module):
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (P, H)
         if self.proj is not None:
             pooled = self.norm(self.proj(pooled))
+        if self.spec.normalize:
+            pooled = nn.functional.normalize(pooled, dim=-1)
         return pooled
 
     def encode_questions(self, input_ids, attention_mask) -> torch.Tensor:
@@ -132,16 +165,16 @@ class DualEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls,
-        name_or_path: str | Path,
-        pooling: Literal["mean", "cls"] = "mean",
-        projection_dim: int | None = None,
-        shared: bool = True,
+        cls, name_or_path: str | Path, spec: DualEncoderSpec | None = None
     ) -> tuple[DualEncoder, object]:
         """Loads a saved DualEncoder folder, or starts one from a plain HF encoder.
 
-        For a plain encoder (hub name or folder) the keyword arguments say how to build the
-        dual encoder; for a saved DualEncoder they are ignored (its own spec is used).
+        Args:
+            name_or_path: a folder written by `save_pretrained`, or a plain encoder (hub name
+                or folder).
+            spec: how to build a dual encoder around a plain encoder (default: the defaults;
+                `base_model` is filled in). Ignored for a saved DualEncoder, whose own spec is
+                used (`model.spec`: the caller compares it with what it expects).
 
         Returns:
             The model and its tokenizer.
@@ -164,45 +197,97 @@ class DualEncoder(nn.Module):
                 )
             tokenizer = AutoTokenizer.from_pretrained(path / "question_encoder")
             return model, tokenizer
-        spec = DualEncoderSpec(pooling, projection_dim, shared, base_model=str(name_or_path))
+        spec = replace(spec or DualEncoderSpec(), base_model=str(name_or_path))
         question = AutoModel.from_pretrained(name_or_path)
-        passage = None if shared else AutoModel.from_pretrained(name_or_path)
+        passage = None if spec.shared else AutoModel.from_pretrained(name_or_path)
         return cls(question, passage, spec), AutoTokenizer.from_pretrained(name_or_path)
 
 
 class RetrieverTokenizer:
-    """Questions and passages to (P, L) id tensors; passages as DPR's `title [SEP] text` pair."""
+    """Questions and passages to (P, L) id tensors, in the input format of the model's spec.
 
-    def __init__(self, tokenizer, question_max_tokens: int, passage_max_tokens: int):
+    Args:
+        tokenizer: the encoder's Hugging Face tokenizer.
+        question_max_tokens, passage_max_tokens: truncation of each side.
+        input_format, query_prefix, passage_prefix: as in DualEncoderSpec.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        question_max_tokens: int,
+        passage_max_tokens: int,
+        input_format: str = "pair",
+        query_prefix: str = "",
+        passage_prefix: str = "",
+    ):
+        if input_format not in INPUT_FORMATS:
+            raise ValueError(f"input_format {input_format!r}: expected one of {INPUT_FORMATS}")
         self.tokenizer = tokenizer
         self.question_max_tokens = question_max_tokens
         self.passage_max_tokens = passage_max_tokens
+        self.input_format = input_format
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
+
+    @classmethod
+    def for_spec(
+        cls, tokenizer, spec: DualEncoderSpec, question_max_tokens: int, passage_max_tokens: int
+    ) -> RetrieverTokenizer:
+        """The input encoder of a model with this spec, at the given lengths."""
+        return cls(
+            tokenizer,
+            question_max_tokens,
+            passage_max_tokens,
+            spec.input_format,
+            spec.query_prefix,
+            spec.passage_prefix,
+        )
+
+    def question_texts(self, texts: list[str]) -> list[str]:
+        if self.input_format == "fid":
+            return [f"{self.query_prefix}question: {text}" for text in texts]
+        return [self.query_prefix + text for text in texts]
+
+    def _passage_inputs(self, titles: list[str], texts: list[str]) -> tuple[list, dict]:
+        """(positional inputs, truncation) of the tokenizer call for passages."""
+        prefix = self.passage_prefix
+        if self.input_format == "pair":
+            return [[prefix + title for title in titles], texts], {"truncation": "only_second"}
+        if self.input_format == "fid":
+            joined = [
+                f"{prefix}title: {t} context: {c}" for t, c in zip(titles, texts, strict=True)
+            ]
+        else:
+            joined = [f"{prefix}{t} {c}" for t, c in zip(titles, texts, strict=True)]
+        return [joined], {"truncation": True}
 
     def questions(self, texts: list[str]) -> dict[str, torch.Tensor]:
         return self.tokenizer(
-            texts,
+            self.question_texts(texts),
             truncation=True,
             max_length=self.question_max_tokens,
             padding=True,
             return_tensors="pt",
         )
 
-    def passages(self, titles: list[str], texts: list[str]) -> dict[str, torch.Tensor]:
+    def passages(
+        self, titles: list[str], texts: list[str], pad_to_max_length: bool = False
+    ) -> dict[str, torch.Tensor]:
+        inputs, truncation = self._passage_inputs(titles, texts)
         return self.tokenizer(
-            titles,
-            texts,
-            truncation="only_second",
+            *inputs,
+            **truncation,
             max_length=self.passage_max_tokens,
-            padding=True,
+            padding="max_length" if pad_to_max_length else True,
             return_tensors="pt",
         )
 
     def passage_lengths(self, titles: list[str], texts: list[str]) -> list[int]:
         """Token counts of passages (for sorting by length before encoding)."""
-        encoded = self.tokenizer(
-            titles, texts, truncation="only_second", max_length=self.passage_max_tokens
-        )["input_ids"]
-        return [len(ids) for ids in encoded]
+        inputs, truncation = self._passage_inputs(titles, texts)
+        encoded = self.tokenizer(*inputs, **truncation, max_length=self.passage_max_tokens)
+        return [len(ids) for ids in encoded["input_ids"]]
 
 
 def load_released_retriever(state_dict: dict[str, torch.Tensor], model: DualEncoder) -> None:

@@ -41,7 +41,7 @@ from fid.data.questions import load_questions
 from fid.errors import DataError
 from fid.retrieval.ranking import retrieval_records
 from fid.runtime.fileio import atomic_directory, atomic_write_json
-from fid.runtime.logs import progress
+from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from fid.retrieval.index import PassageIndex
 from fid.retrieval.ranking import retrieval_records
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
-from fid.runtime.logs import progress
 from fid.runtime.precision import autocast
+from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,9 @@ def retrieve(
     """`fid retrieve`: the top `cfg.top_k` passages of every question of a question file by
     the retriever and its index, written as FiD-format json (by rank 0)."""
     questions = load_questions(questions_path)
-    retriever, encode = load_retriever(model_path, cfg.question_max_tokens, 8, device)
+    retriever, encode = load_retriever(
+        model_path, cfg.question_max_tokens, None, device, override=cfg.override_model_settings
+    )
     index = PassageIndex.load(index_path, expected_dim=retriever.dim)
     records = rank_dense(retriever, encode, index, passages_path, questions, cfg, device)
     if distributed.is_main():

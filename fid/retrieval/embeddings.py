@@ -28,8 +28,8 @@ from fid.errors import DataError
 from fid.models.loading import load_retriever
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.runtime.fileio import atomic_path, atomic_write_json
-from fid.runtime.logs import progress
 from fid.runtime.precision import autocast
+from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def passage_embeddings(
 
     Args:
         model: the retriever (its passage encoder is used).
-        encode: tokenization of `title [SEP] text` pairs.
+        encode: the model's passage inputs (its format, prefix and length).
         passages: the passages of one shard.
         cfg: batch size, chunking for length sorting, precision.
         device: where the model is.
@@ -75,16 +75,10 @@ def passage_embeddings(
         embedded = np.empty((len(chunk), model.dim), dtype=np.float16)
         for start in range(0, len(order), cfg.batch_size):
             rows = order[start : start + cfg.batch_size]
-            batch = encode.passages([titles[i] for i in rows], [texts[i] for i in rows])
-            if cfg.pad_to_max_length:  # the fixed-padding baseline of the benchmark
-                batch = encode.tokenizer(
-                    [titles[i] for i in rows],
-                    [texts[i] for i in rows],
-                    truncation="only_second",
-                    max_length=cfg.passage_max_tokens,
-                    padding="max_length",
-                    return_tensors="pt",
-                )
+            # pad_to_max_length: the fixed-padding baseline of the benchmark
+            batch = encode.passages(
+                [titles[i] for i in rows], [texts[i] for i in rows], cfg.pad_to_max_length
+            )
             with amp:
                 vectors = model.encode_passages(
                     batch["input_ids"].to(device), batch["attention_mask"].to(device)
@@ -330,7 +324,9 @@ def embed_passages(
     """`fid embed-passages`: shard `shard` of `n_shards` of the passage file, embedded by the
     retriever's passage encoder and saved under the prefix `output` (see the module docstring)."""
     start, end = passage_shard_bounds(passages_path, shard, n_shards)
-    retriever, encode = load_retriever(model_path, 8, cfg.passage_max_tokens, device)
+    retriever, encode = load_retriever(
+        model_path, None, cfg.passage_max_tokens, device, override=cfg.override_model_settings
+    )
     embeddings, ids = passage_embeddings(
         retriever, encode, iter_passages(passages_path, start, end), cfg, device
     )

@@ -28,7 +28,7 @@ from fid.config import ConfigError, IndexConfig
 from fid.errors import DataError
 from fid.retrieval.embeddings import first_duplicate, load_embedding_shards, load_npy
 from fid.runtime.fileio import atomic_directory
-from fid.runtime.logs import progress
+from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
 

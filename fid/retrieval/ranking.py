@@ -12,7 +12,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 from fid.data.passages import Passage
 from fid.metrics.has_answer import AnswerMatcher, tokenize
-from fid.runtime.logs import progress
+from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
 

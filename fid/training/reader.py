@@ -17,6 +17,7 @@ from fid.metrics.answers import answer_metrics
 from fid.models.folder_checks import check_reader
 from fid.models.loading import load_reader
 from fid.models.reader import FiDReader
+from fid.models.settings import ReaderSettings
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
 from fid.training.runs import train_and_export
@@ -48,7 +49,7 @@ class ReaderTask:
             tokenizer,
             n_passages=cfg.n_passages,
             passage_max_tokens=cfg.passage_max_tokens,
-            answer_max_tokens=cfg.answer_max_tokens,
+            target_max_tokens=cfg.target_max_tokens,
             pad_to_max_length=cfg.pad_to_max_length,
         )
         self.token_counts = None
@@ -81,8 +82,8 @@ class ReaderTask:
             self.tokenizer,
             self.collator,
             mine,
-            self.cfg.batch_size,
-            self.cfg.max_answer_tokens,
+            self.cfg.eval_batch_size,
+            self.cfg.max_new_tokens,
             self.cfg.num_beams,
             self.device,
         )
@@ -93,6 +94,12 @@ class ReaderTask:
     def save_model(self, path: Path, state_dict: dict | None = None) -> None:
         self.model.save_pretrained(path, state_dict=state_dict)
         self.tokenizer.save_pretrained(path)
+        # How the reader was fed: eval-reader and score-passages feed it the same way.
+        ReaderSettings(
+            passage_max_tokens=self.cfg.passage_max_tokens,
+            n_passages=self.cfg.n_passages,
+            target_max_tokens=self.cfg.target_max_tokens,
+        ).save(path)
 
     def fsdp_units(self) -> list[torch.nn.Module]:
         return self.model.fsdp_units()

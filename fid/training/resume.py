@@ -31,10 +31,11 @@ REFUSED = frozenset({
     "sharding",  # the checkpoint's format (sharded or whole) follows it
     "precision",  # the numerics of every step, and whether a loss scaler exists
     # ReaderTrainConfig: inputs, targets, model; dev metrics that best_dev is compared on
-    "n_passages", "passage_max_tokens", "answer_max_tokens", "dropout",
-    "eval_max_questions", "max_answer_tokens", "num_beams",
+    "n_passages", "passage_max_tokens", "target_max_tokens", "dropout",
+    "eval_max_questions", "max_new_tokens", "num_beams",
     # RetrieverTrainConfig: inputs, model, loss; the metric best_dev is chosen on
     "score_key", "question_max_tokens", "pooling", "projection_dim", "shared_encoder",
+    "input_format", "query_prefix", "passage_prefix", "normalize",
     "reader_temperature", "retriever_temperature", "in_batch_negatives", "select_on",
 })  # fmt: skip
 
@@ -116,7 +117,8 @@ def check_resume_config(saved: dict[str, Any], current: Any, source: str | Path)
     """Compares a checkpoint's config with the current one.
 
     Args:
-        saved: the config stored in the checkpoint (`config_to_dict` of the run that wrote it).
+        saved: the config stored in the checkpoint (`config_to_dict` of the run that wrote it;
+            keys renamed since are read under their new names).
         current: the current config dataclass.
         source: the checkpoint, for messages.
 
@@ -127,6 +129,8 @@ def check_resume_config(saved: dict[str, Any], current: Any, source: str | Path)
     Raises:
         ConfigError: naming every refused change with its old and new value.
     """
+    renamed = getattr(type(current), "renamed_keys", {})
+    saved = {renamed.get(key, key): value for key, value in saved.items()}
     refused, allowed = [], []
     for field in dataclasses.fields(current):
         new = getattr(current, field.name)

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from fid.config import RetrieverTrainConfig
+from fid.config import ConfigError, RetrieverTrainConfig
 from fid.data.examples import Example, load_examples
 from fid.data.reader_batches import epoch_batches
 from fid.errors import DataError
 from fid.metrics.has_answer import AnswerMatcher
 from fid.models.folder_checks import check_retriever
-from fid.models.retriever import DualEncoder, RetrieverTokenizer
+from fid.models.retriever import DualEncoder, DualEncoderSpec, RetrieverTokenizer
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
 from fid.training.runs import train_and_export
@@ -131,7 +131,9 @@ class RetrieverTask:
     ):
         self.model = model
         self.tokenizer = tokenizer
-        self.encode = RetrieverTokenizer(tokenizer, cfg.question_max_tokens, cfg.passage_max_tokens)
+        self.encode = RetrieverTokenizer.for_spec(
+            tokenizer, model.spec, cfg.question_max_tokens, cfg.passage_max_tokens
+        )
         self.cfg = cfg
         self.train = train
         self.dev = dev
@@ -215,6 +217,55 @@ def ranking_metrics(
     return metrics
 
 
+def trained_spec(cfg: RetrieverTrainConfig) -> DualEncoderSpec:
+    """The DualEncoderSpec a training config describes (its model folder records it)."""
+    return DualEncoderSpec(
+        pooling=cfg.pooling,
+        projection_dim=cfg.projection_dim,
+        shared=cfg.shared_encoder,
+        input_format=cfg.input_format,
+        query_prefix=cfg.query_prefix,
+        passage_prefix=cfg.passage_prefix,
+        question_max_tokens=cfg.question_max_tokens,
+        passage_max_tokens=cfg.passage_max_tokens,
+        normalize=cfg.normalize,
+    )
+
+
+# DualEncoderSpec fields -> the config keys they come from (the spec's lengths follow training).
+_STRUCTURE = {
+    "pooling": "pooling", "projection_dim": "projection_dim", "shared": "shared_encoder",
+    "input_format": "input_format", "query_prefix": "query_prefix",
+    "passage_prefix": "passage_prefix", "normalize": "normalize",
+}  # fmt: skip
+
+
+def continued_spec(
+    spec: DualEncoderSpec, cfg: RetrieverTrainConfig, init_model: str | Path
+) -> DualEncoderSpec:
+    """The spec of a retriever trained from `init_model` (whose spec is `spec`) under `cfg`.
+
+    Raises:
+        ConfigError: `init_model` is a saved retriever built or fed otherwise than `cfg` says
+            (training it under other inputs would mix two models).
+    """
+    wanted = trained_spec(cfg)
+    changed = [
+        f"{key} = {getattr(wanted, field)!r} (the model's: {getattr(spec, field)!r})"
+        for field, key in _STRUCTURE.items()
+        if getattr(spec, field) != getattr(wanted, field)
+    ]
+    if changed:
+        raise ConfigError(
+            f"{init_model} is a retriever built or fed otherwise than the config says: "
+            f"{'; '.join(changed)}. Hint: set these as the model has them, or start from a "
+            "plain encoder"
+        )
+    return dataclasses.replace(
+        spec, question_max_tokens=cfg.question_max_tokens, passage_max_tokens=cfg.passage_max_tokens
+    )
+
+
 def train_retriever(
     cfg: RetrieverTrainConfig,
     train_path: Path,
@@ -243,9 +294,10 @@ def train_retriever(
     ):
         raise DataError(f"{dev_path}: select_on {cfg.select_on} needs dev questions with answers")
     logger.info("%d training and %d dev questions", len(train), len(dev))
-    model, tokenizer = DualEncoder.from_pretrained(
-        init_model, cfg.pooling, cfg.projection_dim, cfg.shared_encoder
-    )
+    model, tokenizer = DualEncoder.from_pretrained(init_model, trained_spec(cfg))
+    # What the exported folder records: the structure (checked when continuing a saved
+    # retriever) and the lengths it is trained with now.
+    model.spec = continued_spec(model.spec, cfg, init_model)
     model.to(device)
     task = RetrieverTask(model, tokenizer, cfg, train, dev, device)
     inputs = {"train": train_path, "dev": dev_path}

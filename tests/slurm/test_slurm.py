@@ -98,8 +98,8 @@ def test_four_srun_tasks_on_two_nodes_equal_four_local_ranks(
     dev = write_json(tmp_path / "dev.json", toy_records["dev"][:5])
     config = _yaml(tmp_path / "train.yaml", dict(
         n_passages=3, passage_max_tokens=32, batch_size_per_device=2, max_steps=4, lr=1e-3,
-        warmup_steps=1, eval_every_steps=2, save_every_steps=2, log_every_steps=1, batch_size=2,
-        max_answer_tokens=3, precision="fp32", tensorboard=False, dropout=0.0,
+        warmup_steps=1, eval_every_steps=2, save_every_steps=2, log_every_steps=1, eval_batch_size=2,
+        max_new_tokens=3, precision="fp32", tensorboard=False, dropout=0.0,
     ))  # fmt: skip
 
     def args(name):
@@ -165,8 +165,8 @@ class Training:
         self.config = _yaml(root / "train.yaml", dict(
             n_passages=3, passage_max_tokens=32, batch_size_per_device=4,
             max_steps=self.max_steps, lr=1e-3, warmup_steps=5, eval_every_steps=60,
-            save_every_steps=40, keep_last_checkpoints=2, log_every_steps=10, batch_size=3,
-            max_answer_tokens=3, precision="fp32", tensorboard=False, dropout=0.1,
+            save_every_steps=40, keep_last_checkpoints=2, log_every_steps=10, eval_batch_size=3,
+            max_new_tokens=3, precision="fp32", tensorboard=False, dropout=0.1,
         ))  # fmt: skip
         self.model_dir = model_dir
 
