@@ -6,7 +6,6 @@ the input functions of the training rules, for rules/*.smk.
 """
 
 import re
-import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -35,7 +34,6 @@ PRETRAINED, COMPARE = config.get("pretrained") or {}, config.get("compare") or [
 FIRST, EVAL_SPLITS = config["first_retrieval"], config["eval_splits"]
 DENSE = list(PRETRAINED) + [f"iter{i}" for i in range(K)]  # sources that embed
 SOURCES = list(dict.fromkeys([FIRST, *(f"iter{i}" for i in range(K)), *COMPARE]))
-GLUE = shlex.quote(str(Path(workflow.basedir) / "workflow_scripts"))  # shell glue
 DOWNLOADS, EXTRACTS = DATA.get("downloads") or {}, DATA.get("extract") or {}
 
 
@@ -88,7 +86,10 @@ if CURRICULUM and not DEMO:
 for name, spec in EXTRACTS.items():
     if spec["archive"] not in DOWNLOADS:
         fail(f"data.extract.{name}.archive", "is no download", "name one")
+RENAMED_RULES = {"retrieve_passages": "retrieve", "pretrained_encoder": "copy_packaged_model"}
 for rule_name, spec in config["resources"].items():
+    if rule_name in RENAMED_RULES:
+        fail(f"resources.{rule_name}", "this rule was renamed", f"use {RENAMED_RULES[rule_name]}")
     if "mpi" in spec and spec.get("tasks_per_node", 1) < 2:
         fail(
             f"resources.{rule_name}.tasks_per_node",
@@ -117,7 +118,7 @@ wildcard_constraints:
 
 localrules:
     stage_config,
-    pretrained_encoder,
+    copy_packaged_model,
     report_tables,
     report_plots,
     report_config,

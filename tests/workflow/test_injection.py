@@ -14,8 +14,6 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import pytest
 import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
-from workflow_helpers import BIN, ROOT, SAMPLES, dry_run, snakemake
+from workflow_helpers import ROOT, SAMPLES, dry_run, rule_shell_commands, snakemake
 
 SCHEMA_FILE = ROOT / "config" / "config.schema.yaml"
 SCHEMA = yaml.safe_load(SCHEMA_FILE.read_text())
@@ -240,21 +238,6 @@ NUMBERS |= {
     for key, spec in SCHEMA["$defs"]["resources"]["properties"].items()
     if spec.get("type") == "integer" or "enum" in spec
 }
-SHELL_COMMANDS = """
-import json, sys
-from pathlib import Path
-from snakemake.api import SnakemakeApi
-from snakemake.settings import types as s
-
-with SnakemakeApi(s.OutputSettings(quiet={s.Quietness.ALL})) as api:
-    workflow = api.workflow(
-        snakefile=Path(sys.argv[1]), workdir=Path(sys.argv[2]),
-        config_settings=s.ConfigSettings(configfiles=[Path(sys.argv[3])]),
-        resource_settings=s.ResourceSettings(), storage_settings=s.StorageSettings(),
-        workflow_settings=s.WorkflowSettings(), deployment_settings=s.DeploymentSettings(),
-    )
-    print(json.dumps({r.name: r.shellcmd for r in workflow._workflow.rules if r.shellcmd}))
-"""
 
 
 def test_every_shell_field_is_quoted_or_a_number(tmp_path):
@@ -264,14 +247,7 @@ def test_every_shell_field_is_quoted_or_a_number(tmp_path):
     config["resources"]["train_reader"] = dict(
         mpi="srun", nodes=2, tasks_per_node=2, cpus_per_task=2, gres="gpu:2"
     )
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        [sys.executable, "-c", SHELL_COMMANDS, ROOT / "Snakefile", tmp_path, tmp_path / "c.yaml"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
-        env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path)},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    commands = json.loads(result.stdout.strip().splitlines()[-1])
+    commands = rule_shell_commands(tmp_path, config)
     assert {"extract", "prepare_questions", "train_reader"} <= set(commands)
     assert "{resources.mpi}" in commands["train_reader"]
     unquoted = {

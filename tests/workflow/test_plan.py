@@ -3,12 +3,22 @@ splits), resources and launch lines per rule as configured; `--lint` and snakefm
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 
 import pytest
 import yaml
-from workflow_helpers import BIN, ROOT, SAMPLES, dry_run, job_counts, planned_jobs, snakemake
+from workflow_helpers import (
+    BIN,
+    ROOT,
+    SAMPLES,
+    dry_run,
+    job_counts,
+    planned_jobs,
+    rule_shell_commands,
+    snakemake,
+)
 
 
 def expected_counts(cfg: dict) -> dict[str, int]:
@@ -24,7 +34,7 @@ def expected_counts(cfg: dict) -> dict[str, int]:
         "build_index": dense,
         # iter0..iter{K-2} retrieve train, dev and test for the next round; the last round's
         # retriever and the comparisons only the evaluated splits
-        "retrieve_passages": 3 * (k - 1) + splits * (1 + len(compare)),
+        "retrieve": 3 * (k - 1) + splits * (1 + len(compare)),
         "retrieve_bm25": 3,
         "build_bm25": 1,
         "eval_reader": k * splits,
@@ -159,3 +169,32 @@ def test_gold_forced_curriculum_plans(tmp_path):
         if j["rule"] == "train_reader" and j["wildcards"] == {"run": "demo", "i": "0", "stage": "reader"}
     )  # fmt: skip
     assert "--train results/demo/iter0/reader_lists/train.json" in reader0["shell"]
+
+
+# The three launchers of rules/common.smk `fid()`: srun tasks, local torchrun ranks, a process.
+_LAUNCHER = (
+    r"(\{resources\.mpi\} --nodes=\{resources\.nodes\} [^;&|`$]*? fid --threads "
+    r"\{resources\.cpus_per_task\}|torchrun --standalone --nproc-per-node=\d+ -m fid --threads \d+"
+    r"|fid --threads \{threads\})"
+)
+
+
+def test_every_rule_is_one_fid_call(tmp_path):
+    """Each rule's shell is one `fid <verb>` of the rule's own name (rule train_reader runs
+    `fid train-reader`, whose handler is fid.cli.commands.train_reader), launched the one
+    way rules/common.smk says, logging to the rule's log: no glue, no second command."""
+    from fid.cli import commands
+    from fid.cli.parser import build_parser
+
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config["resources"]["train_reader"] = dict(
+        mpi="srun", nodes=2, tasks_per_node=2, cpus_per_task=2, gres="gpu:2"
+    )
+    shells = rule_shell_commands(tmp_path, config)
+    verbs = set(build_parser()._subparsers._group_actions[0].choices)
+    assert {"train_reader", "train_retriever", "copy_packaged_model", "retrieve"} <= set(shells)
+    for rule, shell in shells.items():
+        verb = rule.replace("_", "-")
+        pattern = rf"{_LAUNCHER} {verb} [^;&|`$]* > \{{log:q\}} 2>&1"
+        assert re.fullmatch(pattern, shell.strip()), (rule, shell)
+        assert verb in verbs and callable(getattr(commands, rule)), rule

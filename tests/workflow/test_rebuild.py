@@ -61,7 +61,7 @@ def test_deleting_a_retriever_reruns_only_its_dependents(tiny_run):
     expected = {_job("embed_passages", source="iter1", k=str(k)) for k in range(2)}
     expected |= {_job("build_index", source="iter1")}
     for split in ("dev", "test"):
-        expected |= {_job("retrieve_passages", source="iter1", split=split)}
+        expected |= {_job("retrieve", source="iter1", split=split)}
         expected |= {_job("eval_retrieval", source="iter1", split=split)}
     expected |= {_job("report_tables"), _job("report_plots")}
     assert _plan(tiny_run) == expected
@@ -87,7 +87,7 @@ def test_changing_reader_knobs_reruns_the_reader_chain_only(tiny_run, tmp_path):
     for i in ("0", "1"):
         assert _job("train_reader", i=i, stage="reader") in planned
         assert _job("train_retriever", i=i) in planned
-    assert {"score_passages", "embed_passages", "retrieve_passages", "eval_reader"} <= rules
+    assert {"score_passages", "embed_passages", "retrieve", "eval_reader"} <= rules
     # ... but not the first retrieval, the warm-up stage, the data or the tiny models
     assert not rules & {"build_bm25", "retrieve_bm25", "make_demo_data", "init_reader"}
     assert not rules & {"init_retriever", "eval_baseline"}
@@ -96,15 +96,21 @@ def test_changing_reader_knobs_reruns_the_reader_chain_only(tiny_run, tmp_path):
 
 
 def test_changed_inputs_start_a_fresh_training_state(tiny_run):
-    """A rerun caused by new inputs must not resume the finished run of the old ones."""
+    """A rerun caused by new inputs must not resume the finished run of the old ones, and
+    must not delete it either: fid keeps the old state beside the new one and says so."""
     state = tiny_run / "state/tiny/iter1/retriever"
     (old_key,) = [p.name for p in state.iterdir()]
     _alter_scores(tiny_run / "results/tiny/iter1/reader/scores/train.json")
     _rebuild(tiny_run)
-    (new_key,) = [p.name for p in state.iterdir()]
-    assert new_key != old_key
+    keys = {p.name for p in state.iterdir()}
+    assert old_key in keys and len(keys) == 2
+    (new_key,) = keys - {old_key}
+    record = json.loads((state / new_key / "state.json").read_text())
+    assert record["kind"] == "retriever" and record["key"] == new_key
     log = (tiny_run / "logs/train_retriever/tiny/iter1.log").read_text()
     assert "starting a new run" in log and "resumed from" not in log
+    assert f"other training states under {state.relative_to(tiny_run)}, kept" in log
+    assert old_key in log
 
 
 def test_deleting_a_score_file_reruns_round_0_retriever_chain(tiny_run):

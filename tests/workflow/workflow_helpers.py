@@ -4,6 +4,7 @@ resources, threads, shell commands)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -74,3 +75,33 @@ def write_config(path: Path, base: str | Path, **changes) -> Path:
             data[key] = value
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+_SHELL_COMMANDS = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings import types as s
+
+with SnakemakeApi(s.OutputSettings(quiet={s.Quietness.ALL})) as api:
+    workflow = api.workflow(
+        snakefile=Path(sys.argv[1]), workdir=Path(sys.argv[2]),
+        config_settings=s.ConfigSettings(configfiles=[Path(sys.argv[3])]),
+        resource_settings=s.ResourceSettings(), storage_settings=s.StorageSettings(),
+        workflow_settings=s.WorkflowSettings(), deployment_settings=s.DeploymentSettings(),
+    )
+    print(json.dumps({r.name: r.shellcmd for r in workflow._workflow.rules if r.shellcmd}))
+"""
+
+
+def rule_shell_commands(workdir: Path, config: dict) -> dict[str, str]:
+    """Every rule's shell command as Snakemake loaded the rules for `config` (unformatted:
+    `{input.x:q}` fields as written)."""
+    (workdir / "c.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [sys.executable, "-c", _SHELL_COMMANDS, ROOT / "Snakefile", workdir, workdir / "c.yaml"],
+        capture_output=True, text=True, cwd=workdir, timeout=120,
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
