@@ -164,7 +164,9 @@ def score_passages(args) -> None:
 def convert_checkpoint(args) -> None:
     from fid.models.convert import convert_checkpoint
 
-    convert_checkpoint(args.checkpoint, args.output, tokenizer=args.tokenizer)
+    convert_checkpoint(
+        args.checkpoint, args.output, args.tokenizer, args.kind, args.keep_cross_attention_bias
+    )
 
 
 def copy_packaged_model(args) -> None:

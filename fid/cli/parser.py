@@ -60,10 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     c = add(
         "convert-checkpoint",
         commands.convert_checkpoint,
-        "Import a released facebookresearch/FiD reader checkpoint.",
+        "Import a released facebookresearch/FiD reader or retriever checkpoint.",
+    )
+    c.add_argument("--kind", choices=("reader", "retriever"), default="reader", help="what it is")
+    c.add_argument(
+        "--keep-cross-attention-bias",
+        action="store_true",
+        help="reader: keep transformers 3's cross-attention bias (the original's exact logits)",
     )
     c.add_argument("--checkpoint", type=Path, required=True, help="folder or pytorch_model.bin")
-    c.add_argument("--tokenizer", help="tokenizer to save beside it (e.g. t5-base)")
+    c.add_argument("--tokenizer", help="tokenizer to save beside it (t5-base, bert-base-uncased)")
     c.add_argument("--output", type=Path, required=True, help="model folder to write")
 
     c = add(

@@ -81,6 +81,11 @@ class RetrieverTrainConfig(TrainingConfig):
             single sequences `question: Q` and `title: T context: C`) or "plain" (`Q`, `T C`).
         query_prefix, passage_prefix: text before every question / passage input (recorded).
         normalize: L2-normalise the embeddings (cosine similarity; recorded).
+        project_tokens: with `projection_dim`, project (+ LayerNorm) every token and pool
+            after, as the original does; False projects the pooled vector (recorded).
+        kl_reduction: "batchmean" (KL summed over a question's passages, averaged over
+            questions) or "mean" (÷ questions x passages: the original's KLDivLoss(), N times
+            smaller, which meets clip_grad_norm later).
         pooling: "mean" (masked mean of token states, FiD's choice) or "cls".
         projection_dim: a linear projection + LayerNorm to this size (None = encoder width).
         shared_encoder: one encoder for questions and passages (FiD's choice) or two.
@@ -109,6 +114,8 @@ class RetrieverTrainConfig(TrainingConfig):
     projection_dim: int | None = None
     shared_encoder: bool = True
     normalize: bool = False
+    project_tokens: bool = True
+    kl_reduction: Literal["batchmean", "mean"] = "batchmean"
     reader_temperature: float = 1.0
     retriever_temperature: float = 1.0
     in_batch_negatives: bool = False

@@ -21,7 +21,11 @@ class TrainingConfig:
             many passage tokens (token-budget batching); a longer question forms its own batch.
         gradient_accumulation_steps: micro-batches per optimizer step.
         lr: peak learning rate.
-        weight_decay: AdamW decoupled weight decay (never applied to biases and norms).
+        weight_decay: AdamW decoupled weight decay (not applied to biases and norms, unless
+            `decay_biases_and_norms`).
+        decay_biases_and_norms: decay every parameter, as the original's AdamW did (one
+            parameter group); off by default, because decaying LayerNorm scales and biases
+            towards 0 hurts.
         scheduler: "constant", "linear" (decay to `min_lr_ratio` * lr) or "cosine".
         warmup_steps: linear warm-up from 0 to `lr`.
         min_lr_ratio: final learning rate as a fraction of `lr` for linear and cosine.
@@ -45,6 +49,7 @@ class TrainingConfig:
     gradient_accumulation_steps: int = 1
     lr: float = 1e-4
     weight_decay: float = 0.01
+    decay_biases_and_norms: bool = False
     scheduler: Literal["constant", "linear", "cosine"] = "linear"
     warmup_steps: int = 1000
     min_lr_ratio: float = 0.0

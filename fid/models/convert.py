@@ -1,15 +1,25 @@
-"""Import of the reader checkpoints released with facebookresearch/FiD.
+"""Import of the reader and retriever checkpoints released with facebookresearch/FiD.
 
-Their state dicts were saved from a FiD model on transformers 3.0.2, whose encoder wrapped each
+Retrievers: `config.json` is the original's `RetrieverConfig` (a BertConfig plus
+`indexing_dimension`, `projection`, `extract_cls`, the masks and the maximum lengths) and the
+state dict holds `model.<BertModel keys>` (its pooler unused), `proj.*` and `norm.*`. The result
+is a DualEncoder folder that records the original's input format (`question: Q`,
+`title: T context: C`), its lengths and its per-token projection (fid.models.retriever).
+
+Readers: their state dicts were saved from a FiD model on transformers 3.0.2, whose encoder wrapped each
 T5 block twice: keys read `encoder.encoder.block.{i}.module.layer...` where a modern
 T5ForConditionalGeneration expects `encoder.block.{i}.layer...`; decoder, `shared` and `lm_head`
 keys are already plain. They also hold
 `decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight`: transformers 3 gave the
 first decoder block's cross-attention a relative position bias, which modern T5 does not have.
-It is dropped. With unidirectional buckets, every encoder token at or after the decoder position
-falls in bucket 0, so at the first decoding step the bias added one constant per head to all
-logits: it changed no attention probability there and shifts the original's passage scores of a
-question by the same constant; at later steps it touched only the first few encoder tokens.
+By default it is dropped. With unidirectional buckets, every encoder token at or after the
+decoder position falls in bucket 0, so at the first decoding step the bias added one constant
+per head to all logits: it changed no attention probability there and shifts the original's
+passage scores by one model-wide constant (its mean over heads); at step t it touched only
+keys 0..t-1, the first tokens of passage 0, so later logits move a little (up to 0.05 on the
+golden fixtures, tests/golden), greedy answers there not at all. `keep_cross_attention_bias`
+keeps it instead (fid.models.reader.add_cross_attention_bias): the original's logits and scores
+to 1e-5, with the encoder tokens at the original's positions (no packing).
 """
 
 from __future__ import annotations
@@ -20,19 +30,21 @@ import pickle
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
+from transformers import AutoTokenizer, BertConfig, BertModel, T5Config, T5ForConditionalGeneration
 
-from fid.errors import CheckpointError
+from fid.errors import CheckpointError, InputError
 from fid.models.folder_checks import (
     ModelFolderError,
     check_model_folder,
     check_tokenizer_source,
 )
+from fid.models.reader import CROSS_ATTENTION_BIAS, add_cross_attention_bias
+from fid.models.retriever import DualEncoder, DualEncoderSpec, load_released_retriever
+from fid.models.settings import ReaderSettings
 from fid.runtime.fileio import atomic_directory
 
 logger = logging.getLogger(__name__)
 
-CROSS_ATTENTION_BIAS = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
 # Modern T5 ties these to `shared.weight`; a checkpoint need not hold them.
 TIED_KEYS = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"}
 
@@ -91,7 +103,10 @@ def _load_state_dict(weights: Path) -> dict[str, torch.Tensor]:
 
 
 def convert_reader_checkpoint(
-    checkpoint: str | Path, output: str | Path, tokenizer: str | None = None
+    checkpoint: str | Path,
+    output: str | Path,
+    tokenizer: str | None = None,
+    keep_cross_attention_bias: bool = False,
 ) -> None:
     """Writes a released FiD reader as a Hugging Face T5 folder (safetensors).
 
@@ -101,19 +116,22 @@ def convert_reader_checkpoint(
         output: the model folder to write.
         tokenizer: a tokenizer name or folder to save beside it (the released readers use
             t5-base's or t5-large's); without one, give `fid` a model folder that has it.
+        keep_cross_attention_bias: keep the first decoder block's cross-attention bias (see the
+            module docstring): the model then gives the original's logits exactly, at the cost
+            of the packed decoder layout (fid.models.reader).
 
     Raises:
         CheckpointError: for an unreadable file, or keys that are missing or left over after
             the mapping.
     """
-    checkpoint = Path(checkpoint)
-    weights = checkpoint / "pytorch_model.bin" if checkpoint.is_dir() else checkpoint
-    config_file = weights.parent / "config.json"
-    for path in (weights, config_file):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: not found (a released reader folder holds both)")
+    weights, config_file = _checkpoint_files(Path(checkpoint), "reader")
     state_dict = _load_state_dict(weights)
     converted, dropped = convert_reader_state_dict(state_dict)
+    bias = state_dict.get(CROSS_ATTENTION_BIAS) if keep_cross_attention_bias else None
+    if keep_cross_attention_bias and bias is None:
+        raise CheckpointError(f"{weights}: no {CROSS_ATTENTION_BIAS} to keep")
+    if bias is not None:
+        dropped.remove(CROSS_ATTENTION_BIAS)
     try:
         config = T5Config.from_json_file(config_file)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -126,8 +144,12 @@ def convert_reader_checkpoint(
             f"{weights}: after mapping, missing keys {missing[:5]} and unexpected keys "
             f"{sorted(unexpected)[:5]} (of {len(missing)} and {len(unexpected)})"
         )
+    if bias is not None:
+        add_cross_attention_bias(model, bias)
     with atomic_directory(output) as tmp:
         model.save_pretrained(tmp)
+        # the original's input format; its length is the recipe's (250), not in the checkpoint
+        ReaderSettings(cross_attention_bias=bias is not None).save(tmp)
         if tokenizer is not None:
             AutoTokenizer.from_pretrained(tokenizer).save_pretrained(tmp)
             # The folder must load as a reader: e.g. no tokenizer larger than the vocabulary.
@@ -139,15 +161,102 @@ def convert_reader_checkpoint(
                     + str(error).replace(str(tmp), str(output))
                 ) from None
     if dropped:
-        logger.info("dropped %s (see fid/convert.py for why this is safe)", ", ".join(dropped))
+        logger.info(
+            "dropped %s (fid/models/convert.py says why this is safe; "
+            "--keep-cross-attention-bias keeps it)", ", ".join(dropped),
+        )  # fmt: skip
     if tokenizer is None:
         logger.warning("no --tokenizer given: %s holds the model only", output)
     logger.info("converted %d tensors from %s into %s", len(converted), weights, output)
 
 
-def convert_checkpoint(checkpoint: Path, output: Path, tokenizer: str | None = None) -> None:
-    """`fid convert-checkpoint`: a released facebookresearch/FiD reader as a model folder; the
-    tokenizer source, when given, is checked before anything is read or written."""
+# RetrieverConfig's own keys (src/model.py); the rest of its config.json is a BertConfig.
+_RETRIEVER_KEYS = (
+    "indexing_dimension", "apply_question_mask", "apply_passage_mask", "extract_cls",
+    "passage_maxlength", "question_maxlength", "projection",
+)  # fmt: skip
+
+
+def _checkpoint_files(checkpoint: Path, what: str) -> tuple[Path, Path]:
+    weights = checkpoint / "pytorch_model.bin" if checkpoint.is_dir() else checkpoint
+    config_file = weights.parent / "config.json"
+    for path in (weights, config_file):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: not found (a released {what} folder holds both)")
+    return weights, config_file
+
+
+def released_retriever_spec(config: dict, source: str) -> DualEncoderSpec:
+    """The DualEncoderSpec of a released retriever's RetrieverConfig.
+
+    Raises:
+        CheckpointError: a config without the retriever's keys, or one whose unmasked BERT
+            inputs fid does not reproduce.
+    """
+    if "indexing_dimension" not in config:
+        raise CheckpointError(
+            f"{source}: no indexing_dimension: expected a facebookresearch/FiD RetrieverConfig"
+        )
+    if not (config.get("apply_question_mask", True) and config.get("apply_passage_mask", True)):
+        raise CheckpointError(
+            f"{source}: a retriever trained without attention masks is not supported"
+        )
+    return DualEncoderSpec(
+        pooling="cls" if config.get("extract_cls") else "mean",
+        projection_dim=config["indexing_dimension"] if config.get("projection", True) else None,
+        shared=True,
+        base_model=source,
+        input_format="fid",
+        question_max_tokens=config.get("question_maxlength"),
+        passage_max_tokens=config.get("passage_maxlength"),
+        project_tokens=True,
+    )
+
+
+def released_retriever(state_dict: dict[str, torch.Tensor], config: dict, source: str):
+    """A DualEncoder holding a released retriever's weights (the original's key layout)."""
+    spec = released_retriever_spec(config, source)
+    bert = {k: v for k, v in config.items() if k not in _RETRIEVER_KEYS}
+    encoder = BertModel(BertConfig.from_dict(bert), add_pooling_layer=False)
+    model = DualEncoder(encoder, None, spec)
+    try:
+        load_released_retriever(state_dict, model)
+    except (InputError, RuntimeError) as error:  # RuntimeError: a tensor of another shape
+        raise CheckpointError(f"{source}: {str(error).splitlines()[0]}") from None
+    return model
+
+
+def convert_retriever_checkpoint(
+    checkpoint: str | Path, output: str | Path, tokenizer: str | None = None
+) -> None:
+    """Writes a released FiD retriever as a DualEncoder folder (the BERT tokenizer beside it:
+    the released retrievers use bert-base-uncased's)."""
+    weights, config_file = _checkpoint_files(Path(checkpoint), "retriever")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{config_file}: not a JSON model config ({error})") from None
+    model = released_retriever(_load_state_dict(weights), config, str(checkpoint))
+    loaded = AutoTokenizer.from_pretrained(tokenizer) if tokenizer is not None else None
+    with atomic_directory(output) as tmp:
+        model.save_pretrained(tmp, tokenizer=loaded)
+    if tokenizer is None:
+        logger.warning("no --tokenizer given: %s holds the model only", output)
+    logger.info("converted the retriever %s (%s) into %s", weights, model.spec, output)
+
+
+def convert_checkpoint(
+    checkpoint: Path,
+    output: Path,
+    tokenizer: str | None = None,
+    kind: str = "reader",
+    keep_cross_attention_bias: bool = False,
+) -> None:
+    """`fid convert-checkpoint`: a released facebookresearch/FiD reader or retriever as a model
+    folder; the tokenizer source, when given, is checked before anything is read or written."""
     if tokenizer is not None:
         check_tokenizer_source(tokenizer)
-    convert_reader_checkpoint(checkpoint, output, tokenizer=tokenizer)
+    if kind == "retriever":
+        convert_retriever_checkpoint(checkpoint, output, tokenizer=tokenizer)
+    else:
+        convert_reader_checkpoint(checkpoint, output, tokenizer, keep_cross_attention_bias)

@@ -13,6 +13,11 @@ Two exact savings over the original, which padded every passage to the maximum l
 - packing: the decoder gets only each question's real tokens, back to back (T = the sum of its
   passage lengths), because cross-attention has no position bias, so the order and spacing of
   encoder tokens do not change its result.
+
+A model imported from a released FiD checkpoint with `--keep-cross-attention-bias` keeps the
+position bias that transformers 3 gave the first decoder block's cross-attention
+(`add_cross_attention_bias`, fid/models/convert.py explains it): its encoder tokens then keep
+the original's (B, N*L) positions (no packing), and it reproduces the original's logits.
 """
 
 from __future__ import annotations
@@ -26,6 +31,30 @@ import torch
 from torch import nn
 from transformers import T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
+
+# The first decoder block's cross-attention bias in state dicts (a released reader's, and a
+# converted one's that keeps it).
+CROSS_ATTENTION_BIAS = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
+
+
+def _cross_attention(t5: T5ForConditionalGeneration) -> nn.Module:
+    return t5.decoder.block[0].layer[1].EncDecAttention
+
+
+def has_cross_attention_bias(t5: T5ForConditionalGeneration) -> bool:
+    """Whether the first decoder block's cross-attention has a relative position bias."""
+    return bool(_cross_attention(t5).has_relative_attention_bias)
+
+
+def add_cross_attention_bias(t5: T5ForConditionalGeneration, weight: torch.Tensor) -> None:
+    """Gives the first decoder block's cross-attention the relative position bias of
+    transformers 3 ((buckets, heads) `weight`; unidirectional buckets, key - query position),
+    which T5Stack shares with every decoder layer, as the original's did."""
+    attention = _cross_attention(t5)
+    attention.has_relative_attention_bias = True
+    attention.relative_attention_bias = nn.Embedding(*weight.shape).to(weight.device)
+    with torch.no_grad():
+        attention.relative_attention_bias.weight.copy_(weight)
 
 
 @dataclass
@@ -62,7 +91,8 @@ class FiDReader(nn.Module):
         super().__init__()
         self.t5 = t5
         self.encoder_buckets = encoder_buckets
-        self.pack_passages = pack_passages
+        # Positions matter to a cross-attention bias: keep the original's layout then.
+        self.pack_passages = pack_passages and not has_cross_attention_bias(t5)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs) -> FiDReader:
@@ -239,6 +269,10 @@ class FiDReader(nn.Module):
         # bf16 would round the per-token logits to ~3 significant digits.
         with torch.autocast(input_ids.device.type, enabled=False):
             scores = _scores_from_projections(captured, encoding, N, self.config.num_heads, mode)
+            if mode == "mean_logit" and has_cross_attention_bias(self.t5):
+                # At the first step every key is in bucket 0: the bias adds its mean over heads
+                # to every pre-softmax logit, as the original's scores hold it.
+                scores = scores + _cross_attention(self.t5).relative_attention_bias.weight[0].mean()
         empty = attention_mask.sum(dim=-1) == 0  # (B, N)
         return scores.masked_fill(empty, float("nan"))
 

@@ -3,7 +3,8 @@
 Izacard & Grave 2021, "Distilling Knowledge from Reader to Retriever for Question Answering"
 (https://arxiv.org/abs/2012.04584): one encoder shared by questions and passages (or two),
 masked mean pooling (CLS optional), an optional linear projection + LayerNorm to the indexing
-dimension, and score = q . p / sqrt(D).
+dimension (applied to every token before pooling, as the original's `embed_text` does, or to
+the pooled vector), optional L2 normalisation (cosine), and score = q . p / sqrt(D).
 
 Shapes: B questions, N passages per question, P passages in a flat batch, L tokens, D output
 dimension.
@@ -30,6 +31,8 @@ from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
 from fid.errors import InputError
+from fid.models.sentence_transformers import sentence_transformers_spec
+from fid.models.settings import ModelSettingsError
 
 HEAD_FILE = "head.safetensors"
 CONFIG_FILE = "dual_encoder.json"
@@ -57,6 +60,10 @@ class DualEncoderSpec:
             not recorded).
         normalize: L2-normalise the embeddings (cosine similarity; sentence-transformers
             models with a Normalize module).
+        project_tokens: apply the projection + LayerNorm to every token state and pool after
+            (facebookresearch/FiD's order, measured 0.7 apart from pool-then-project on the
+            golden fixtures); False projects the pooled vector (fid before 0.2; folders that
+            do not record it).
     """
 
     pooling: Literal["mean", "cls"] = "mean"
@@ -69,6 +76,7 @@ class DualEncoderSpec:
     question_max_tokens: int | None = None
     passage_max_tokens: int | None = None
     normalize: bool = False
+    project_tokens: bool = False
 
     def __post_init__(self):
         if self.input_format not in INPUT_FORMATS:
@@ -112,13 +120,16 @@ class DualEncoder(nn.Module):
 
     def _embed(self, encoder: nn.Module, input_ids, attention_mask) -> torch.Tensor:
         hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        project_tokens = self.proj is not None and self.spec.project_tokens
+        if project_tokens:
+            hidden = self.norm(self.proj(hidden))  # (P, L, D): every token, then pool
         if self.spec.pooling == "cls":
-            pooled = hidden[:, 0]  # (P, H)
+            pooled = hidden[:, 0]  # (P, H or D)
         else:
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (P, L, 1)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (P, H)
-        if self.proj is not None:
-            pooled = self.norm(self.proj(pooled))
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (P, H or D)
+        if self.proj is not None and not project_tokens:
+            pooled = self.norm(self.proj(pooled))  # (P, D)
         if self.spec.normalize:
             pooled = nn.functional.normalize(pooled, dim=-1)
         return pooled
@@ -174,12 +185,16 @@ class DualEncoder(nn.Module):
                 or folder).
             spec: how to build a dual encoder around a plain encoder (default: the defaults;
                 `base_model` is filled in). Ignored for a saved DualEncoder, whose own spec is
-                used (`model.spec`: the caller compares it with what it expects).
+                used (`model.spec`: the caller compares it with what it expects). A
+                sentence-transformers folder prescribes its pooling, normalisation, format and
+                prompts (fid.models.sentence_transformers): without `spec` they are used; a
+                `spec` that pools or normalises otherwise is an error.
 
         Returns:
             The model and its tokenizer.
         """
         path = Path(name_or_path)
+        explicit = spec is not None
         if (path / CONFIG_FILE).is_file():
             spec = DualEncoderSpec(**json.loads((path / CONFIG_FILE).read_text()))
             question = AutoModel.from_pretrained(path / "question_encoder")
@@ -198,9 +213,33 @@ class DualEncoder(nn.Module):
             tokenizer = AutoTokenizer.from_pretrained(path / "question_encoder")
             return model, tokenizer
         spec = replace(spec or DualEncoderSpec(), base_model=str(name_or_path))
+        prescribed = sentence_transformers_spec(path) if path.is_dir() else None
+        if prescribed is not None:
+            spec = _as_prescribed(spec, prescribed, path, explicit)
         question = AutoModel.from_pretrained(name_or_path)
         passage = None if spec.shared else AutoModel.from_pretrained(name_or_path)
         return cls(question, passage, spec), AutoTokenizer.from_pretrained(name_or_path)
+
+
+def _as_prescribed(
+    spec: DualEncoderSpec, prescribed: dict, folder: Path, explicit: bool
+) -> DualEncoderSpec:
+    """`spec` for a sentence-transformers folder: its pooling and normalisation are the model's
+    own (a different one is refused); without an explicit spec, its format and prompts too."""
+    if not explicit:
+        return replace(spec, **prescribed)
+    clash = [
+        f"{key} = {getattr(spec, key)!r} (the model's: {prescribed[key]!r})"
+        for key in ("pooling", "normalize")
+        if getattr(spec, key) != prescribed[key]
+    ]
+    if clash:
+        raise ModelSettingsError(
+            f"{folder} is a sentence-transformers model, trained to be pooled and normalised "
+            f"as its modules.json says; the config has {'; '.join(clash)}. Hint: set them as "
+            "the model has them"
+        )
+    return spec
 
 
 class RetrieverTokenizer:
@@ -293,9 +332,14 @@ class RetrieverTokenizer:
 def load_released_retriever(state_dict: dict[str, torch.Tensor], model: DualEncoder) -> None:
     """Loads a released facebookresearch/FiD retriever state dict into a DualEncoder.
 
-    Released keys are `model.<BertModel keys>` plus `proj.*`/`norm.*` when projected.
+    Released keys are `model.<BertModel keys>` plus `proj.*`/`norm.*` when projected. BERT's
+    pooler (`model.pooler.*`) is dropped: the original never uses it (it gets no gradient).
     """
-    encoder_state = {k[len("model.") :]: v for k, v in state_dict.items() if k.startswith("model.")}
+    encoder_state = {
+        k[len("model.") :]: v
+        for k, v in state_dict.items()
+        if k.startswith("model.") and not k.startswith("model.pooler.")
+    }
     missing, unexpected = model.question_encoder.load_state_dict(encoder_state, strict=False)
     # Position ids are buffers that newer BERTs do not save.
     missing = [k for k in missing if not k.endswith("position_ids")]

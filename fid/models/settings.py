@@ -44,12 +44,15 @@ class ReaderSettings:
         passage_max_tokens: tokens kept of each passage input.
         n_passages: passages per question it was trained on (a record; eval may read more).
         target_max_tokens: its training targets' fixed length, if any (a record).
+        cross_attention_bias: the first decoder block's cross-attention keeps the position
+            bias of a released FiD checkpoint (its weight is in model.safetensors).
     """
 
     input_format: Literal["fid"] = "fid"
     passage_max_tokens: int | None = None
     n_passages: int | None = None
     target_max_tokens: int | None = None
+    cross_attention_bias: bool = False
 
     def save(self, folder: str | Path) -> None:
         """Writes the settings into a model folder (beside config.json)."""

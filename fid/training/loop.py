@@ -146,7 +146,7 @@ def run_training(
         units = task.fsdp_units()
         replicated = sharding.shard(model, units)  # before the optimizer sees the parameters
         logger.info("FSDP: %d sharded units, %d replicated tensors", len(units), len(replicated))
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.decay_biases_and_norms)
     scheduler = build_scheduler(
         optimizer, cfg.scheduler, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio
     )

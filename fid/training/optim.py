@@ -35,7 +35,14 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, lr: float, weight_decay: float, decay_biases_and_norms: bool = False
+) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; `decay_biases_and_norms` decays every one, as the
+    original's `set_optim` does (one group), for exact comparisons with it."""
+    if decay_biases_and_norms:
+        params = [p for p in model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr)
 
 

@@ -55,10 +55,13 @@ class DistillationExample:
 def distillation_examples(
     examples: Sequence[Example], n_passages: int, score_key: str, source: str
 ) -> list[DistillationExample]:
-    """The scored passages of each question (first `n_passages` that carry `score_key`)."""
+    """The scored passages of each question: the `n_passages` with the highest `score_key`
+    (ties in file order), as the original's Dataset sorts by the reader's score and keeps the
+    top n_context."""
     out = []
     for example in examples:
-        ctxs = [c for c in example.ctxs if c.get(score_key) is not None][:n_passages]
+        scored = [c for c in example.ctxs if c.get(score_key) is not None]
+        ctxs = sorted(scored, key=lambda c: -float(c[score_key]))[:n_passages]
         if not ctxs:
             raise DataError(
                 f"{source}: question {example.id!r} has no ctx with a '{score_key}' value. "
@@ -91,21 +94,29 @@ def distillation_loss(
     reader_temperature: float,
     retriever_temperature: float,
     in_batch_negatives: bool,
+    reduction: str = "batchmean",
 ) -> torch.Tensor:
-    """Mean over questions of KL(teacher || student).
+    """KL(teacher || student) of each question's passage distribution.
 
     Args:
         question_embeddings: (B, D).
         passage_embeddings: (P, D), the batch's passages, question by question.
         owner: (P,) the question index of each passage.
         teacher: (P,) reader scores.
+        reduction: "batchmean" sums each question's KL over its passages and averages over
+            the questions; "mean" divides that sum by the number of (question, own passage)
+            pairs instead, as `torch.nn.KLDivLoss()` (reduction 'mean', ÷ B·N) does in the
+            original: N times smaller for N passages per question.
 
     Returns:
         A scalar loss.
     """
     B, D = question_embeddings.shape
-    # (B, P) student logits, scaled as in the original: q . p / sqrt(D).
-    logits = question_embeddings @ passage_embeddings.T / D**0.5 / retriever_temperature
+    # (B, P) student logits in fp32 even under autocast (bf16 rounds |logit| 8-16 to steps of
+    # 0.0625), scaled as in the original: q . p / sqrt(D).
+    with torch.autocast(question_embeddings.device.type, enabled=False):
+        logits = question_embeddings.float() @ passage_embeddings.float().T
+    logits = logits / D**0.5 / retriever_temperature
     own = owner[None, :] == torch.arange(B, device=owner.device)[:, None]  # (B, P)
     if not in_batch_negatives:
         logits = logits.masked_fill(~own, float("-inf"))
@@ -114,6 +125,8 @@ def distillation_loss(
     target = teacher_logits.masked_fill(~own, float("-inf")).softmax(dim=-1)  # 0 off own
     # xlogy: 0 * log 0 = 0 where the teacher gives no mass.
     kl = torch.xlogy(target, target) - target * log_student.masked_fill(~own, 0.0)
+    if reduction == "mean":
+        return kl.sum() / own.sum()
     return kl.sum(dim=-1).mean()
 
 
@@ -172,6 +185,7 @@ class RetrieverTask:
             self.cfg.reader_temperature,
             self.cfg.retriever_temperature,
             self.cfg.in_batch_negatives,
+            self.cfg.kl_reduction,
         )
 
     def rankings(self, examples: Sequence[DistillationExample]) -> list[list[int]]:
@@ -229,6 +243,7 @@ def trained_spec(cfg: RetrieverTrainConfig) -> DualEncoderSpec:
         question_max_tokens=cfg.question_max_tokens,
         passage_max_tokens=cfg.passage_max_tokens,
         normalize=cfg.normalize,
+        project_tokens=cfg.project_tokens,
     )
 
 
@@ -237,6 +252,7 @@ _STRUCTURE = {
     "pooling": "pooling", "projection_dim": "projection_dim", "shared": "shared_encoder",
     "input_format": "input_format", "query_prefix": "query_prefix",
     "passage_prefix": "passage_prefix", "normalize": "normalize",
+    "project_tokens": "project_tokens",
 }  # fmt: skip
 
 
