@@ -4,6 +4,7 @@ passage embeddings, the faiss index, dense retrieval and its evaluation."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -12,9 +13,15 @@ from fid.config.training import TrainingConfig
 
 METHODS = ("robertson", "lucene", "bm25+", "bm25l", "atire")
 
-# The stopword lists bm25s ships, by the names its tokenizer accepts.
-STOPWORDS = ("en", "en_plus", "da", "de", "es", "fr", "it", "ko", "nl", "no", "pt", "ru", "sv")
-STOPWORDS += ("tr", "zh")
+# Lucene's English stopword set (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET), which Anserini's and
+# Pyserini's default analyzer removes, and the lists bm25s ships, by the names it accepts.
+LUCENE_STOPWORDS = (
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is",
+    "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there",
+    "these", "they", "this", "to", "was", "will", "with",
+)  # fmt: skip
+STOPWORDS = ("lucene", "en", "en_plus", "da", "de", "es", "fr", "it", "ko", "nl", "no", "pt")
+STOPWORDS += ("ru", "sv", "tr", "zh")
 # faiss metrics by name (fid.retrieval.index maps them onto faiss constants).
 INDEX_METRICS = ("inner_product", "l2")
 
@@ -27,16 +34,26 @@ class BM25Config:
         k1: term-frequency saturation (built into the index).
         b: document-length normalization, 0 (none) to 1 (full) (built into the index).
         method: the bm25s scoring variant (built into the index).
-        stopwords: a bm25s stopword list name ("en", ...) or None to keep all tokens (built
-            into the index).
+        stopwords: "lucene" (Lucene's 33-word English set, what Anserini/Pyserini's default
+            analyzer removes), a bm25s list name ("en", ...) or None to keep all tokens.
+        stemmer: "porter" (Anserini/Pyserini's default), "english" (Snowball) or None, through
+            PyStemmer.
+        token_pattern: the regular expression whose matches are the tokens (lowercased);
+            `(?u)\b\\w+\b` keeps 1-character tokens as Lucene's StandardTokenizer does
+            (bm25s's default `\\w\\w+` drops them).
         top_k: passages kept per question (fewer when the corpus is smaller).
         batch_size: questions searched per batch (bounds memory and paces the progress log).
+
+    Everything but top_k and batch_size is built into the index; retrieval reads it from
+    there (a config that disagrees with the index is an error).
     """
 
     k1: float = 0.9
     b: float = 0.4
     method: Literal["robertson", "lucene", "bm25+", "bm25l", "atire"] = "lucene"
-    stopwords: str | None = "en"
+    stopwords: str | None = "lucene"
+    stemmer: Literal["porter", "english"] | None = "porter"
+    token_pattern: str = r"(?u)\b\w+\b"
     top_k: int = 100
     batch_size: int = 256
 
@@ -50,6 +67,16 @@ class BM25Config:
                 f"stopwords = {self.stopwords!r} is not allowed: expected null or one of "
                 f"{STOPWORDS}"
             )
+        try:
+            if re.compile(self.token_pattern).match(""):
+                raise ConfigError(
+                    f"token_pattern = {self.token_pattern!r} matches the empty string: "
+                    r"expected a pattern of tokens such as '(?u)\b\w+\b'"
+                )
+        except re.error as error:
+            raise ConfigError(
+                f"token_pattern = {self.token_pattern!r} is no regular expression: {error}"
+            ) from None
         _check_int("top_k", self.top_k)
         _check_int("batch_size", self.batch_size)
 

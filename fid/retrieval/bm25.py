@@ -1,15 +1,17 @@
 """BM25 retrieval over a DPR passage file with the bm25s library (the pipeline's first retriever).
 
 `build_bm25` streams the passages once, tokenizes `title + " " + text` with bm25s's
-tokenizer (lowercase, the scikit-learn token pattern `(?u)\\b\\w\\w+\\b`, stopwords removed) and
-saves a bm25s index plus the passage ids and a `meta.json` to a folder, atomically.
+tokenizer (lowercase, a token pattern, stopwords removed, stems) and saves a bm25s index plus
+the passage ids and a `meta.json` to a folder, atomically.
 `retrieve_bm25` (`rank_bm25` for questions in memory) loads that folder and ranks passages for any number of question files (each
 split reuses the same index), returning FiD-format records whose ctxs carry DPR's has-answer flag.
 
-Stemming: bm25s stems only through PyStemmer (it has no pure-Python stemmer). The index is
-stemmed (Snowball English) when PyStemmer is importable at build time; `meta.json` records it,
-and retrieval applies the same stemmer (or fails when it is missing). Without PyStemmer, the
-default here, tokens are unstemmed; Pyserini's BM25, DPR's baseline, stems with Porter.
+Analysis, by default as Anserini's and Pyserini's BM25 (the published BM25 baselines of DPR
+and FiD): Lucene's StandardTokenizer keeps 1-character tokens (token pattern `(?u)\\b\\w+\\b`),
+Lucene's 33 English stopwords are removed and tokens are Porter-stemmed (PyStemmer, a
+dependency). The index's `meta.json` records the analysis, and questions are analysed the same
+way at retrieval. Measured on samples/squad-open-tiny (200 questions, 167 passages) by
+benchmarks/bm25_analysis.py: see its docstring.
 
 Memory: passages are never held as objects. Token ids are collected in one flat int32 array
 (4 bytes a token) while the file streams; bm25s then builds its sparse score matrix, which for
@@ -36,6 +38,7 @@ import numpy as np
 from bm25s.tokenization import Tokenizer
 
 from fid.config import BM25Config, ConfigError
+from fid.config.retrieval import LUCENE_STOPWORDS
 from fid.data.passages import Passage, check_unique_ids, iter_passages
 from fid.data.questions import load_questions
 from fid.errors import DataError
@@ -45,24 +48,32 @@ from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
 
-# The stopword lists bm25s ships, by the names its tokenizer accepts.
-TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s's default (scikit-learn's CountVectorizer)
 INDEX_FORMAT = "fid-bm25/1"
 _META = "meta.json"
 _IDS = "passage_ids.npy"
 
 
-def _stemmer() -> tuple[Any, str | None]:
-    """PyStemmer's English stemmer and its description, or (None, None) when not installed."""
-    try:
-        import Stemmer
-    except ImportError:
-        return None, None
-    return Stemmer.Stemmer("english"), f"english (PyStemmer {getattr(Stemmer, '__version__', '')})"
+def _stemmer(name: str | None) -> Any:
+    """PyStemmer's stemmer of that algorithm ("porter", "english" = Snowball), or None."""
+    if name is None:
+        return None
+    import Stemmer
+
+    return Stemmer.Stemmer(name)
 
 
-def _tokenizer(stopwords: str | None, stemmer: Any) -> Tokenizer:
-    return Tokenizer(lower=True, splitter=TOKEN_PATTERN, stopwords=stopwords, stemmer=stemmer)
+def _tokenizer(analysis: dict) -> Tokenizer:
+    """The tokenizer of an analysis: {"token_pattern", "stopwords", "stemmer"} (a config's or
+    an index's meta.json)."""
+    stopwords = analysis["stopwords"]
+    if stopwords == "lucene":
+        stopwords = list(LUCENE_STOPWORDS)
+    return Tokenizer(
+        lower=True,
+        splitter=analysis["token_pattern"],
+        stopwords=stopwords or [],
+        stemmer=_stemmer(analysis["stemmer"]),
+    )
 
 
 class _FlatDocs:
@@ -126,8 +137,9 @@ def build_bm25(passages_path: str | Path, index_dir: str | Path, cfg: BM25Config
     """
     passages_path, index_dir = Path(passages_path), Path(index_dir)
     started = time.perf_counter()
-    stemmer, stemmer_name = _stemmer()
-    tokenizer = _tokenizer(cfg.stopwords, stemmer)
+    analysis = {"token_pattern": cfg.token_pattern, "stopwords": cfg.stopwords}
+    analysis["stemmer"] = cfg.stemmer
+    tokenizer = _tokenizer(analysis)
     docs, ids = _tokenize_corpus(passages_path, tokenizer)
     if not ids:
         raise DataError(f"{passages_path}: no passages to index")
@@ -158,8 +170,8 @@ def build_bm25(passages_path: str | Path, index_dir: str | Path, cfg: BM25Config
         "delta": retriever.delta,  # used by bm25l and bm25+ only
         "stopwords": cfg.stopwords,
         "lowercase": True,
-        "token_pattern": TOKEN_PATTERN,
-        "stemmer": stemmer_name,
+        **analysis,
+        "pystemmer_version": _pystemmer_version() if cfg.stemmer else None,
         "document": "title + ' ' + text",
     }
     with atomic_directory(index_dir) as tmp:
@@ -172,7 +184,7 @@ def build_bm25(passages_path: str | Path, index_dir: str | Path, cfg: BM25Config
         len(ids),
         meta["n_tokens"],
         len(vocab),
-        f", stemmer {stemmer_name}" if stemmer_name else ", no stemmer",
+        f", stemmer {cfg.stemmer}" if cfg.stemmer else ", no stemmer",
         time.perf_counter() - started,
         tokenized - started,
         index_dir,
@@ -197,29 +209,41 @@ def _load_meta(index_dir: Path) -> dict:
     return meta
 
 
+def _index_analysis(meta: dict) -> dict:
+    """The analysis an index was built with (indexes of fid 0.1 named the stemmer with its
+    version: "english (PyStemmer 2.2.0)")."""
+    stemmer = meta.get("stemmer")
+    if isinstance(stemmer, str) and " " in stemmer:
+        stemmer = stemmer.split()[0]
+    return {
+        "token_pattern": meta["token_pattern"],
+        "stopwords": meta["stopwords"],
+        "stemmer": stemmer,
+    }
+
+
 def _check_index_matches(meta: dict, cfg: BM25Config, index_dir: Path) -> None:
-    """The index fixes k1, b, method and stopwords; a config that differs needs a rebuild."""
-    for key in ("k1", "b", "method", "stopwords"):
-        if meta[key] != getattr(cfg, key):
+    """The index fixes the scoring and the analysis; a config that differs needs a rebuild."""
+    built = {**{key: meta[key] for key in ("k1", "b", "method")}, **_index_analysis(meta)}
+    for key, value in built.items():
+        if value != getattr(cfg, key):
             raise ConfigError(
                 f"{key} = {getattr(cfg, key)!r}, but the BM25 index at {index_dir} was built with "
-                f"{key} = {meta[key]!r}. Hint: rebuild the index with this config, or use the "
+                f"{key} = {value!r}. Hint: rebuild the index with this config, or use the "
                 "index's value."
             )
 
 
 def _query_tokens(questions: list[str], meta: dict) -> list[list[str]]:
-    """Questions tokenized exactly as the passages were (tokens or stems, as strings)."""
-    stemmer = None
-    if meta["stemmer"] is not None:
-        stemmer, _ = _stemmer()
-        if stemmer is None:
-            raise ImportError(
-                f"the BM25 index was built with the stemmer {meta['stemmer']}; install "
-                "PyStemmer to search it, or rebuild the index without it"
-            )
-    tokenizer = _tokenizer(meta["stopwords"], stemmer)
+    """Questions analysed exactly as the passages were (tokens or stems, as strings)."""
+    tokenizer = _tokenizer(_index_analysis(meta))
     return tokenizer.tokenize(questions, update_vocab=True, return_as="string", show_progress=False)
+
+
+def _pystemmer_version() -> str:
+    from importlib.metadata import version
+
+    return version("PyStemmer")
 
 
 def _fetch_passages(passages_path: Path, ids: np.ndarray, needed: set[int]) -> dict[int, Passage]:
