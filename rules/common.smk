@@ -86,10 +86,17 @@ if CURRICULUM and not DEMO:
 for name, spec in EXTRACTS.items():
     if spec["archive"] not in DOWNLOADS:
         fail(f"data.extract.{name}.archive", "is no download", "name one")
-RENAMED_RULES = {"retrieve_passages": "retrieve", "pretrained_encoder": "copy_packaged_model"}
+RENAMED_RULES = {
+    "retrieve_passages": "retrieve",
+    "pretrained_encoder": "copy_packaged_model",
+}
 for rule_name, spec in config["resources"].items():
     if rule_name in RENAMED_RULES:
-        fail(f"resources.{rule_name}", "this rule was renamed", f"use {RENAMED_RULES[rule_name]}")
+        fail(
+            f"resources.{rule_name}",
+            "this rule was renamed",
+            f"use {RENAMED_RULES[rule_name]}",
+        )
     if "mpi" in spec and spec.get("tasks_per_node", 1) < 2:
         fail(
             f"resources.{rule_name}.tasks_per_node",
@@ -120,6 +127,7 @@ localrules:
     stage_config,
     copy_packaged_model,
     report_tables,
+    report_flags,
     report_plots,
     report_config,
 
@@ -156,9 +164,14 @@ def named(path_or_name):
 
 
 def model_spec(kind):
-    """The reader or retriever every chain starts from: built here (init), or named."""
+    """The reader or retriever every chain starts from: built here (init), an entry of
+    `pretrained` (its encoder), or a hub name or folder."""
     made = res_path(f"init/{kind}")
-    return (made, [made]) if MODELS[kind] == "init" else named(MODELS[kind])
+    if MODELS[kind] == "init":
+        return made, [made]
+    if MODELS[kind] in PRETRAINED:
+        return encoder(MODELS[kind])
+    return named(MODELS[kind])
 
 
 def encoder(source):

@@ -62,7 +62,8 @@ rule extract:
             else []
         ),
     shell:
-        fid("extract") + " extract --archive {input:q} {params.member:q} --output {output:q} > {log:q} 2>&1"
+        fid("extract")
+        + " extract --archive {input:q} {params.member:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule prepare_questions:
@@ -91,7 +92,8 @@ rule prepare_questions:
             ["--index", input.index] if "index" in input.keys() else []
         ),
     shell:
-        fid("prepare_questions") + " prepare-questions --config {input.config:q} --input {input.input:q}"
+        fid("prepare_questions")
+        + " prepare-questions --config {input.config:q} --input {input.input:q}"
         " {params.index:q} --output {output:q} > {log:q} 2>&1"
 
 
@@ -115,7 +117,8 @@ rule make_demo_data:
     params:
         folder=lambda wc: res_path(f"data/demo/{wc.variant}"),
     shell:
-        fid("make_demo_data") + " make-demo-data --config {input.config:q} --output {params.folder:q} > {log:q} 2>&1"
+        fid("make_demo_data")
+        + " make-demo-data --config {input.config:q} --output {params.folder:q} > {log:q} 2>&1"
 
 
 rule copy_packaged_model:
@@ -133,7 +136,8 @@ rule copy_packaged_model:
     params:
         package=lambda wc: PRETRAINED[wc.name]["package"],
     shell:
-        fid("copy_packaged_model") + " copy-packaged-model --package {params.package:q}"
+        fid("copy_packaged_model")
+        + " copy-packaged-model --package {params.package:q}"
         " --output {output:q} > {log:q} 2>&1"
 
 

@@ -7,6 +7,7 @@ OUTPUTS:
     results/{run}/{source}/eval/{split}.json                                rule eval_retrieval
     results/{run}/baseline/{split}.json                                     rule eval_baseline
     results/{run}/report/{exact_match,retrieval}.csv                        rule report_tables
+    results/{run}/report/flags.csv   rounds worse than the one before them  rule report_flags
     results/{run}/report/{exact_match,retrieval_topk,training_curves}.png   rule report_plots
     results/{run}/report/config.yaml                                        rule report_config
 """
@@ -17,7 +18,7 @@ TRAINED = ["iter0/reader_warmup"] if CURRICULUM.get("warmup") else []
 TRAINED += [f"iter{i}/{m}" for i in range(K) for m in ("reader", "retriever")]
 REPORT = [
     res_path(f"report/{name}")
-    for name in ("exact_match.csv", "retrieval.csv", "config.yaml")
+    for name in ("exact_match.csv", "retrieval.csv", "flags.csv", "config.yaml")
     + ("exact_match.png", "retrieval_topk.png", "training_curves.png")
 ]
 
@@ -60,7 +61,8 @@ rule eval_retrieval:
     resources:
         **res("eval_retrieval"),
     shell:
-        fid("eval_retrieval") + " eval-retrieval --config {input.config:q} --questions {input.questions:q}"
+        fid("eval_retrieval")
+        + " eval-retrieval --config {input.config:q} --questions {input.questions:q}"
         " --output {output:q} > {log:q} 2>&1"
 
 
@@ -78,7 +80,8 @@ rule eval_baseline:
     resources:
         **res("eval_baseline"),
     shell:
-        fid("eval_baseline") + " eval-baseline --train {input.train:q} --questions {input.questions:q}"
+        fid("eval_baseline")
+        + " eval-baseline --train {input.train:q} --questions {input.questions:q}"
         " --output {output:q} > {log:q} 2>&1"
 
 
@@ -108,6 +111,27 @@ rule report_tables:
         retrieval=RETRIEVAL_KEYS,
     script:
         "../workflow_scripts/report_tables.py"
+
+
+rule report_flags:
+    input:
+        exact_match="results/{run}/report/exact_match.csv",
+        retrieval="results/{run}/report/retrieval.csv",
+    output:
+        report(
+            "results/{run}/report/flags.csv",
+            category="0. Warnings",
+            caption="report/flags.rst",
+        ),
+    log:
+        "logs/report_flags/{run}.log",
+    conda:
+        "envs/fid.yaml"
+    params:
+        rounds=K,
+        first=FIRST,
+    script:
+        "../workflow_scripts/report_flags.py"
 
 
 rule report_plots:

@@ -101,6 +101,7 @@ rule make_reader_lists:
     resources:
         **res("make_reader_lists"),
     shell:
-        fid("make_reader_lists") + " make-reader-lists --config {input.config:q} --retrieved {input.retrieved:q}"
+        fid("make_reader_lists")
+        + " make-reader-lists --config {input.config:q} --retrieved {input.retrieved:q}"
         " --questions {input.questions:q} --passages {input.passages:q}"
         " --output {output:q} > {log:q} 2>&1"

@@ -53,7 +53,8 @@ rule build_bm25:
     resources:
         **res("build_bm25"),
     shell:
-        fid("build_bm25") + " build-bm25 --config {input.config:q} --passages {input.passages:q}"
+        fid("build_bm25")
+        + " build-bm25 --config {input.config:q} --passages {input.passages:q}"
         " --output {output:q} > {log:q} 2>&1"
 
 
@@ -76,7 +77,8 @@ rule retrieve_bm25:
     resources:
         **res("retrieve_bm25"),
     shell:
-        fid("retrieve_bm25") + " retrieve-bm25 --config {input.config:q} --index {input.index:q}"
+        fid("retrieve_bm25")
+        + " retrieve-bm25 --config {input.config:q} --index {input.index:q}"
         " --passages {input.passages:q} --questions {input.questions:q}"
         " --output {output:q} > {log:q} 2>&1"
 

@@ -4,6 +4,7 @@ open-domain sample (samples//squad-open-tiny)."""
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import time
 from pathlib import Path
@@ -82,7 +83,9 @@ def test_own_data_config_on_squad_open_tiny(tmp_path):
     shutil.copy(squad / "questions.jsonl", tmp_path / "data" / "own" / "questions.jsonl")
     config = ROOT / "config" / "own_data.yaml"
     # One round: the demo test covers the second (the config's 2 rounds plan in test_plan.py).
-    result = snakemake(tmp_path, "--configfile", str(config), "--config", "rounds=1",
+    # No hub here: the tiny random reader instead of t5-base, the config's smoke test.
+    models = "models={reader: init, retriever: minilm, continue: true}"
+    result = snakemake(tmp_path, "--configfile", str(config), "--config", "rounds=1", models,
                        "--cores", "2", timeout=3600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     top = {
@@ -93,5 +96,14 @@ def test_own_data_config_on_squad_open_tiny(tmp_path):
     # a real pretrained encoder and BM25 find answers on real text (has-answer of DPR)
     assert float(top[("bm25", "test")]["top-10 (%)"]) >= 70.0
     assert float(top[("minilm", "test")]["top-10 (%)"]) >= 70.0
+    # the distilled retriever starts from MiniLM (its spec: plain text, cosine) ...
+    spec = json.loads(
+        (tmp_path / "results/own/iter0/retriever/model/dual_encoder.json").read_text()
+    )
+    assert (spec["input_format"], spec["normalize"]) == ("plain", True)
+    # ... and the report flags the random reader, which learns nothing in this smoke test
+    flags = _rows(tmp_path / "results/own/report/flags.csv")
+    print("own data flags:", flags)
+    assert any(f["model"] == "reader, round 0" and f["split"] == "test" for f in flags), flags
     questions = (tmp_path / "results/own/data/test.jsonl").read_text().count("\n")
     assert questions == 30  # 15% of 200
