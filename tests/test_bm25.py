@@ -68,7 +68,11 @@ def test_topk_accuracy_rejects_bad_input():
 def test_index_folder(index_dir):
     meta = json.loads((index_dir / "meta.json").read_text())
     assert meta["n_passages"] == 167
-    assert (meta["k1"], meta["b"], meta["method"], meta["stopwords"]) == (0.9, 0.4, "lucene", "en")
+    assert (meta["k1"], meta["b"], meta["method"]) == (0.9, 0.4, "lucene")
+    # Anserini/Pyserini's analysis: Lucene's tokens and stopwords, Porter stems
+    assert (meta["token_pattern"], meta["stopwords"], meta["stemmer"]) == (
+        r"(?u)\b\w+\b", "lucene", "porter"
+    )
     assert meta["source"] == str(PASSAGES) and meta["bm25s_version"]
     ids = np.load(index_dir / "passage_ids.npy", allow_pickle=False)
     assert ids.tolist() == list(load_passages(PASSAGES))
@@ -143,6 +147,36 @@ def test_config_must_match_the_index(index_dir, questions):
         rank_bm25(index_dir, PASSAGES, questions[:1], BM25Config(k1=1.2))
     with pytest.raises(ConfigError, match="stopwords"):
         rank_bm25(index_dir, PASSAGES, questions[:1], BM25Config(stopwords=None))
+    with pytest.raises(ConfigError, match="stemmer = None, but the BM25 index .* 'porter'"):
+        rank_bm25(index_dir, PASSAGES, questions[:1], BM25Config(stemmer=None))
+
+
+def test_analysis_stems_keeps_short_tokens_and_drops_lucene_stopwords(tmp_path):
+    passages = tmp_path / "p.tsv"
+    passages.write_text(
+        "id\ttext\ttitle\n1\tThe runners were running in the city\tA\n"
+        "2\tVitamin C is found in oranges\tB\n3\tnothing to see here at all\tC\n"
+    )
+    build_bm25(passages, tmp_path / "index", BM25Config())
+    questions = [
+        {"id": "q1", "question": "who runs in cities?"},  # Porter: runs/running -> run
+        {"id": "q2", "question": "where is vitamin c"},  # "c" is a token of its own
+        {"id": "q3", "question": "the and is"},  # Lucene stopwords only
+    ]
+    records = rank_bm25(tmp_path / "index", passages, questions, BM25Config(top_k=1))
+    assert [r["ctxs"][0]["id"] for r in records[:2]] == ["1", "2"]
+    assert records[2]["ctxs"][0]["score"] == 0
+
+
+def test_an_index_of_fid_0_1_reads_its_stemmer(index_dir, questions, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(index_dir, old)
+    meta = json.loads((old / "meta.json").read_text())
+    meta["stemmer"] = "porter (PyStemmer 2.2.0)"  # how fid 0.1 recorded it
+    (old / "meta.json").write_text(json.dumps(meta))
+    assert rank_bm25(old, PASSAGES, questions[:3], BM25Config()) == rank_bm25(
+        index_dir, PASSAGES, questions[:3], BM25Config()
+    )
 
 
 @pytest.mark.parametrize(
@@ -153,6 +187,8 @@ def test_config_must_match_the_index(index_dir, questions):
         ("b", "0.4", "not a number"),
         ("method", "bm26", "robertson"),
         ("stopwords", "klingon", "en"),
+        ("token_pattern", "(", "no regular expression"),
+        ("token_pattern", "\\w*", "matches the empty string"),
         ("top_k", 0, "integer >= 1"),
         ("batch_size", 2.5, "integer >= 1"),
     ],
