@@ -71,7 +71,9 @@ def test_index_folder(index_dir):
     assert (meta["k1"], meta["b"], meta["method"]) == (0.9, 0.4, "lucene")
     # Anserini/Pyserini's analysis: Lucene's tokens and stopwords, Porter stems
     assert (meta["token_pattern"], meta["stopwords"], meta["stemmer"]) == (
-        r"(?u)\b\w+\b", "lucene", "porter"
+        r"(?u)\b\w+\b",
+        "lucene",
+        "porter",
     )
     assert meta["source"] == str(PASSAGES) and meta["bm25s_version"]
     ids = np.load(index_dir / "passage_ids.npy", allow_pickle=False)

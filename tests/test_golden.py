@@ -209,3 +209,73 @@ def _original_names(model: DualEncoder):
     for prefix, module in (("proj", model.proj), ("norm", model.norm)):
         for name, parameter in module.named_parameters():
             yield f"{prefix}.{name}", parameter
+
+
+@pytest.fixture(scope="module")
+def released_retriever_folder(tmp_path_factory):
+    """The golden retriever as facebookresearch/FiD released its retrievers (pytorch_model.bin
+    + a flat RetrieverConfig config.json), and a BERT tokenizer over the fixtures' vocabulary."""
+    from transformers import BertTokenizer
+
+    tmp = tmp_path_factory.mktemp("golden_retriever")
+    released = tmp / "released"
+    released.mkdir()
+    torch.save(load_file(RETRIEVER / "model.safetensors"), released / "pytorch_model.bin")
+    config = _json(RETRIEVER / "config.json")["retriever_config"]
+    (released / "config.json").write_text(json.dumps(config))
+    (tmp / "vocab").mkdir()
+    vocab = _json(RETRIEVER / "inputs.json")["vocab"]
+    (tmp / "vocab" / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizer.from_pretrained(tmp / "vocab", do_lower_case=True).save_pretrained(tmp / "tok")
+    return released, tmp / "tok"
+
+
+def test_a_released_retriever_converted_embeds_and_retrieves_as_the_original(
+    tmp_path, released_retriever_folder
+):
+    """`fid convert-checkpoint --kind retriever`, then embed-passages / build-index / retrieve
+    on the fixtures' passages: the original's input strings, ids and embeddings, end to end."""
+    released, tokenizer = released_retriever_folder
+    model = tmp_path / "retriever"
+    assert main(["convert-checkpoint", "--kind", "retriever", "--checkpoint", str(released),
+                 "--tokenizer", str(tokenizer), "--output", str(model)]) == 0  # fmt: skip
+    spec = _json(model / "dual_encoder.json")
+    assert (spec["input_format"], spec["projection_dim"], spec["project_tokens"]) == (
+        "fid",
+        32,
+        True,
+    )
+    assert (spec["question_max_tokens"], spec["passage_max_tokens"]) == (24, 48)
+
+    inputs = _json(RETRIEVER / "inputs.json")
+    by_id = {c["id"]: c for e in inputs["examples"] for c in e["ctxs_unsorted"]}
+    used = [i for ids in inputs["used_ctx_ids"] for i in ids]  # (4 x 5) in the fixtures' order
+    passages = tmp_path / "passages.tsv"
+    passages.write_text("id\ttext\ttitle\n" + "".join(
+        f"{i}\t{by_id[i]['text']}\t{by_id[i]['title']}\n" for i in dict.fromkeys(used)))  # fmt: skip
+    assert main(["embed-passages", "--model", str(model), "--passages", str(passages),
+                 "--output", str(tmp_path / "shard0")]) == 0  # fmt: skip
+    import numpy as np
+
+    vectors = np.load(tmp_path / "shard0.npy").astype(np.float32)
+    ids = np.load(tmp_path / "shard0.ids.npy").tolist()
+    golden = torch.tensor(_json(RETRIEVER / "expected.json")["passage_embeddings"]).flatten(0, 1)
+    ours = torch.tensor(vectors[[ids.index(i) for i in used]])
+    torch.testing.assert_close(ours, golden, rtol=0, atol=2e-3)  # float16 shards
+
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(
+        json.dumps({"id": f"q{n}", "question": e["question"], "answer": e["answers"]}) + "\n"
+        for n, e in enumerate(inputs["examples"])))  # fmt: skip
+    assert main(["build-index", "--shards", str(tmp_path / "shard0"), "--output",
+                 str(tmp_path / "index")]) == 0  # fmt: skip
+    assert main(["retrieve", "--model", str(model), "--index", str(tmp_path / "index"),
+                 "--passages", str(passages), "--questions", str(questions),
+                 "--output", str(tmp_path / "retrieved.json")]) == 0  # fmt: skip
+    records = _json(tmp_path / "retrieved.json")
+    scores = torch.tensor(_json(RETRIEVER / "expected.json")["scores"])  # (4, 5), /sqrt(32)
+    for record, own_ids, own_scores in zip(records, inputs["used_ctx_ids"], scores, strict=True):
+        # the index's inner product is the original's score times sqrt(32)
+        best = own_ids[int(own_scores.argmax())]
+        found = {c["id"]: c["score"] for c in record["ctxs"]}
+        assert abs(found[best] - float(own_scores.max()) * 32**0.5) < 2e-2

