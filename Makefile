@@ -33,7 +33,9 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q
+	# 2 workers (pytest-xdist): the SLURM tests wait on job polls, the workflow runs on
+	# subprocesses; a module stays in one worker (tests/conftest.py groups them).
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 bench: setup
 	$(BIN)/python benchmarks/reader_speed.py
