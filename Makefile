@@ -34,8 +34,9 @@ test: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
 	# 2 workers (pytest-xdist): the SLURM tests wait on job polls, the workflow runs on
-	# subprocesses; a module stays in one worker (tests/conftest.py groups them).
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	# subprocesses; a file stays in one worker (module fixtures are built once), the longest
+	# files first (tests/conftest.py).
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 bench: setup
 	$(BIN)/python benchmarks/reader_speed.py

@@ -75,19 +75,11 @@ def write_json(path: Path, data) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Groups for `pytest -n 2 --dist loadgroup` (make test): a module runs in one worker, so
-    its module fixtures (a finished workflow run, trained models) are built once; the SLURM
-    tests share one cluster, so they run in one worker, one after the other."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = Path(item.path)
-        group = "slurm" if "slurm" in path.parts else path.stem
-        item.add_marker(pytest.mark.xdist_group(group))
-    # The longest groups first, so that a worker starts each at once (xdist hands out groups
-    # in this order): the demo end to end (~20 min on 2 cores), the SLURM tests (~10 min).
-    first = {"test_end_to_end": 0, "slurm": 1, "test_rebuild": 2, "test_learning": 3}
-    items.sort(key=lambda item: first.get(item.get_closest_marker("xdist_group").args[0], 9))
+    """The longest test files first, so that `pytest -n 2 --dist loadfile` (make test) starts
+    them at once in a worker each (xdist hands out files in this order, a file to one worker):
+    the demo end to end (~20 min on 2 cores), the SLURM tests (~10 min, one file: one cluster)."""
+    first = {"test_end_to_end.py": 0, "test_slurm.py": 1, "test_rebuild.py": 2}
+    items.sort(key=lambda item: first.get(Path(item.path).name, 9))
 
 
 def pytest_sessionfinish(session, exitstatus):

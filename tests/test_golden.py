@@ -32,37 +32,37 @@ def _json(path: Path):
     return json.loads(path.read_text())
 
 
-@pytest.fixture(scope="module")
-def reader(tmp_path_factory):
-    """The original's trained tiny FiDT5, imported by `fid convert-checkpoint` (the released
-    readers' route: pytorch_model.bin + config.json of transformers 3.0.2)."""
-    tmp = tmp_path_factory.mktemp("golden_reader")
+def _convert_reader(tmp: Path, *flags: str) -> Path:
+    """The original's trained tiny FiDT5 as the released readers come (pytorch_model.bin +
+    config.json of transformers 3.0.2), imported by `fid convert-checkpoint`."""
     released = tmp / "released"
     released.mkdir()
     torch.save(load_file(READER / "model.safetensors"), released / "pytorch_model.bin")
     shutil.copy(READER / "config.json", released / "config.json")
-    assert main(["convert-checkpoint", "--checkpoint", str(released), "--output",
-                 str(tmp / "reader"), "--keep-cross-attention-bias"]) == 0  # fmt: skip
+    args = ["convert-checkpoint", "--checkpoint", str(released), "--output", str(tmp / "reader")]
+    assert main([*args, *flags]) == 0
+    return tmp / "reader"
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory):
+    """Imported with the original's cross-attention bias, loaded by fid's loading."""
+    folder = _convert_reader(
+        tmp_path_factory.mktemp("golden_reader"), "--keep-cross-attention-bias"
+    )
     # the fixtures' tokenizer is word-level and not saved: fid's loading without the tokenizer
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loading.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
-        reader, _ = loading.load_reader(str(tmp / "reader"), 3, pack_passages=True)
+        reader, _ = loading.load_reader(str(folder), 3, pack_passages=True)
     assert not reader.pack_passages  # positions matter to the bias
     return reader.eval()
 
 
 @pytest.fixture(scope="module")
-def reader_without_bias(tmp_path_factory, reader):
+def reader_without_bias(tmp_path_factory):
     """The default import: the bias dropped (fid.models.convert), decoder tokens packed."""
-    tmp = tmp_path_factory.mktemp("golden_reader_packed")
-    released = tmp / "released"
-    released.mkdir()
-    torch.save(load_file(READER / "model.safetensors"), released / "pytorch_model.bin")
-    shutil.copy(READER / "config.json", released / "config.json")
-    assert main(["convert-checkpoint", "--checkpoint", str(released), "--output",
-                 str(tmp / "reader")]) == 0  # fmt: skip
-    t5 = T5ForConditionalGeneration.from_pretrained(tmp / "reader")
-    return FiDReader(t5, encoder_buckets=3).eval()
+    folder = _convert_reader(tmp_path_factory.mktemp("golden_reader_packed"))
+    return FiDReader(T5ForConditionalGeneration.from_pretrained(folder), encoder_buckets=3).eval()
 
 
 def _case(name):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from workflow_helpers import ROOT, SAMPLES, snakemake
 
 pytestmark = pytest.mark.slow
@@ -81,12 +82,13 @@ def test_own_data_config_on_squad_open_tiny(tmp_path):
     (tmp_path / "data" / "own").mkdir(parents=True)
     shutil.copy(squad / "psgs_w100.tsv", tmp_path / "data" / "own" / "psgs_w100.tsv")
     shutil.copy(squad / "questions.jsonl", tmp_path / "data" / "own" / "questions.jsonl")
-    config = ROOT / "config" / "own_data.yaml"
     # One round: the demo test covers the second (the config's 2 rounds plan in test_plan.py).
     # No hub here: the tiny random reader instead of t5-base, the config's smoke test.
-    models = "models={reader: init, retriever: minilm, continue: true}"
-    result = snakemake(tmp_path, "--configfile", str(config), "--config", "rounds=1", models,
-                       "--cores", "2", timeout=3600)  # fmt: skip
+    own = yaml.safe_load((ROOT / "config" / "own_data.yaml").read_text())
+    own.update(rounds=1, models={**own["models"], "reader": "init"})
+    config = tmp_path / "own_data.yaml"
+    config.write_text(yaml.safe_dump(own, sort_keys=False))
+    result = snakemake(tmp_path, "--configfile", str(config), "--cores", "2", timeout=3600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     top = {
         (r["source"], r["split"]): r for r in _rows(tmp_path / "results/own/report/retrieval.csv")
