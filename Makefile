@@ -36,7 +36,7 @@ test: setup
 	# 2 workers (pytest-xdist): the SLURM tests wait on job polls, the workflow runs on
 	# subprocesses; a file stays in one worker (module fixtures are built once), the longest
 	# files first (tests/conftest.py).
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: setup
 	$(BIN)/python benchmarks/reader_speed.py

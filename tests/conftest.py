@@ -75,9 +75,10 @@ def write_json(path: Path, data) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest test files first, so that `pytest -n 2 --dist loadfile` (make test) starts
-    them at once in a worker each (xdist hands out files in this order, a file to one worker):
-    the demo end to end (~20 min on 2 cores), the SLURM tests (~10 min, one file: one cluster)."""
+    """The longest test files first, so that make test's `pytest -n 2 --dist loadfile
+    --no-loadscope-reorder` starts them at once, one per worker (xdist then hands out files in
+    this order, each file to one worker): the demo end to end (~20 min on 2 cores), the SLURM
+    tests (~10 min; one file: one cluster)."""
     first = {"test_end_to_end.py": 0, "test_slurm.py": 1, "test_rebuild.py": 2}
     items.sort(key=lambda item: first.get(Path(item.path).name, 9))
 
