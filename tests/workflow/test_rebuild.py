@@ -63,7 +63,7 @@ def test_deleting_a_retriever_reruns_only_its_dependents(tiny_run):
     for split in ("dev", "test"):
         expected |= {_job("retrieve", source="iter1", split=split)}
         expected |= {_job("eval_retrieval", source="iter1", split=split)}
-    expected |= {_job("report_tables"), _job("report_plots")}
+    expected |= {_job("report_tables"), _job("report_flags"), _job("report_plots")}
     assert _plan(tiny_run) == expected
     _rebuild(tiny_run)
     assert _plan(tiny_run) == set()
