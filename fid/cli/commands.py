@@ -140,8 +140,9 @@ def train_reader(args) -> None:
 
     with _training_state(args, "reader", ReaderTrainConfig) as (cfg, state_dir):
         result = train_reader(
-            cfg, args.train, args.dev, args.init_model, args.output, state_dir, args.device
-        )
+            cfg, args.train, args.dev, args.init_model, args.output, state_dir, args.device,
+            args.passages,
+        )  # fmt: skip
     logger.info("done: %s", result)
 
 
@@ -150,7 +151,10 @@ def eval_reader(args) -> None:
     from fid.evaluation.reader import eval_reader
 
     cfg = _device_config(args, EvalReaderConfig)
-    eval_reader(cfg, args.model, args.questions, args.predictions, args.metrics, args.device)
+    eval_reader(
+        cfg, args.model, args.questions, args.predictions, args.metrics, args.device,
+        args.passages,
+    )  # fmt: skip
 
 
 def score_passages(args) -> None:
@@ -158,7 +162,7 @@ def score_passages(args) -> None:
     from fid.inference.scoring import score_passages
 
     cfg = _device_config(args, ScorePassagesConfig)
-    score_passages(cfg, args.model, args.questions, args.output, args.device)
+    score_passages(cfg, args.model, args.questions, args.output, args.device, args.passages)
 
 
 def convert_checkpoint(args) -> None:
@@ -190,8 +194,9 @@ def train_retriever(args) -> None:
 
     with _training_state(args, "retriever", RetrieverTrainConfig) as (cfg, state_dir):
         result = train_retriever(
-            cfg, args.train, args.dev, args.init_model, args.output, state_dir, args.device
-        )
+            cfg, args.train, args.dev, args.init_model, args.output, state_dir, args.device,
+            args.passages,
+        )  # fmt: skip
     logger.info("done: %s", result)
 
 
@@ -239,4 +244,18 @@ def eval_retrieval(args) -> None:
     from fid.config import EvalRetrievalConfig
     from fid.evaluation.retrieval import eval_retrieval
 
-    eval_retrieval(_load_config(args, EvalRetrievalConfig), args.questions, args.output)
+    eval_retrieval(
+        _load_config(args, EvalRetrievalConfig), args.questions, args.output, args.passages
+    )
+
+
+def build_passage_store(args) -> None:
+    from fid.data.passage_store import build_passage_store
+
+    build_passage_store(args.passages, args.output)
+
+
+def convert_lists(args) -> None:
+    from fid.data.list_conversion import convert_lists
+
+    convert_lists(args.input, args.passages, args.output)

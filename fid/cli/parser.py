@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
         state.add_argument("--state-dir", type=Path, help="resumable state in exactly this folder")
         command.set_defaults(trains=True)
+        add_passages(command)
+
+    def add_passages(command):
+        command.add_argument(
+            "--passages",
+            type=Path,
+            help="compact lists: the passage store (fid build-passage-store) or TSV they index",
+        )
 
     c = add("train-reader", commands.train_reader, "Train a FiD reader (resumes its state).")
     add_training_paths(c, "questions (FiD format)", "T5 to start from:")
@@ -51,11 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--questions", type=Path, required=True, help="FiD-format questions")
     c.add_argument("--predictions", type=Path, required=True, help="per-question jsonl to write")
     c.add_argument("--metrics", type=Path, required=True, help="metrics json to write")
+    add_passages(c)
 
     c = add("score-passages", commands.score_passages, "Score read passages by cross-attention.")
     c.add_argument("--model", type=Path, required=True, help="reader folder")
     c.add_argument("--questions", type=Path, required=True, help="FiD-format questions")
     c.add_argument("--output", type=Path, required=True, help="questions with reader_score")
+    add_passages(c)
 
     c = add(
         "convert-checkpoint",
@@ -95,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = add("retrieve-bm25", commands.retrieve_bm25, "Retrieve passages with a BM25 index.")
     c.add_argument("--index", type=Path, required=True, help="folder from build-bm25")
-    c.add_argument("--passages", type=Path, required=True, help="the indexed passage TSV")
+    c.add_argument("--passages", type=Path, required=True, help="the indexed TSV (or its store)")
     c.add_argument("--questions", type=Path, required=True, help="NQ/DPR/TriviaQA/FiD questions")
-    c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
+    c.add_argument("--output", type=Path, required=True, help="FiD json or compact lists")
 
     c = add("embed-passages", commands.embed_passages, "Embed one shard of a passage file.")
     c.add_argument("--model", type=Path, required=True, help="retriever folder")
@@ -113,13 +123,31 @@ def build_parser() -> argparse.ArgumentParser:
     c = add("retrieve", commands.retrieve, "Dense retrieval with a retriever and its index.")
     c.add_argument("--model", type=Path, required=True, help="retriever folder")
     c.add_argument("--index", type=Path, required=True, help="folder from build-index")
-    c.add_argument("--passages", type=Path, required=True, help="the indexed passage TSV")
+    c.add_argument("--passages", type=Path, required=True, help="the indexed TSV (or its store)")
     c.add_argument("--questions", type=Path, required=True, help="NQ/DPR/TriviaQA/FiD questions")
-    c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
+    c.add_argument("--output", type=Path, required=True, help="FiD json or compact lists")
 
     c = add("eval-retrieval", commands.eval_retrieval, "Top-k retrieval accuracy (DPR has-answer).")
     c.add_argument("--questions", type=Path, required=True, help="FiD-format retrieved questions")
     c.add_argument("--output", type=Path, required=True, help="metrics json to write")
+    add_passages(c)
+
+    c = add(
+        "build-passage-store",
+        commands.build_passage_store,
+        "Index a passage TSV for random access by id (compact lists read their text from it).",
+    )
+    c.add_argument("--passages", type=Path, required=True, help="DPR-style passage TSV")
+    c.add_argument("--output", type=Path, required=True, help="store folder to write")
+
+    c = add(
+        "convert-lists",
+        commands.convert_lists,
+        "FiD json (with texts) <-> compact retrieval lists: writes the other format.",
+    )
+    c.add_argument("--input", type=Path, required=True, help="FiD json(l) or compact lists")
+    c.add_argument("--passages", type=Path, required=True, help="passage store folder or TSV")
+    c.add_argument("--output", type=Path, required=True, help="file to write")
 
     c = add("make-demo-data", commands.make_demo_data, "Write the synthetic demo world.")
     c.add_argument("--output", type=Path, required=True, help="folder to write")

@@ -43,9 +43,12 @@ class BM25Config:
             (bm25s's default `\\w\\w+` drops them).
         top_k: passages kept per question (fewer when the corpus is smaller).
         batch_size: questions searched per batch (bounds memory and paces the progress log).
+        list_format: what retrieve-bm25 writes: "fid_json" (FiD records with every passage's
+            text) or "compact" (passage ids and scores, fid.data.retrieval_lists; the text is
+            read from a passage store when used).
 
-    Everything but top_k and batch_size is built into the index; retrieval reads it from
-    there (a config that disagrees with the index is an error).
+    Everything but top_k, batch_size and list_format is built into the index; retrieval reads
+    it from there (a config that disagrees with the index is an error).
     """
 
     k1: float = 0.9
@@ -56,6 +59,7 @@ class BM25Config:
     token_pattern: str = r"(?u)\b\w+\b"
     top_k: int = 100
     batch_size: int = 256
+    list_format: Literal["fid_json", "compact"] = "fid_json"
 
     def __post_init__(self):
         _check_number("k1", self.k1, low=0.0)
@@ -299,6 +303,8 @@ class RetrieveConfig:
         has_answer_mode: DPR's "string" rule, or "regex" for answers given as patterns.
         precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
         override_model_settings: use this config's `question_max_tokens` over the model's.
+        list_format: "fid_json" (FiD records with every passage's text) or "compact"
+            (passage ids and scores; see BM25Config).
     """
 
     top_k: int = 100
@@ -309,6 +315,7 @@ class RetrieveConfig:
     has_answer_mode: Literal["string", "regex"] = "string"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     override_model_settings: bool = False
+    list_format: Literal["fid_json", "compact"] = "fid_json"
 
     def __post_init__(self):
         check_range("top_k", self.top_k, low=1)

@@ -61,7 +61,7 @@ def _check_file(path: Path) -> None:
         raise DataError(f"{path}: passage file not found")
 
 
-def _read_header(path: Path) -> _Header:
+def read_header(path: Path) -> _Header:
     """Reads and checks line 1; returns its columns and where the data starts."""
     _check_file(path)
     with open(path, "rb") as handle:
@@ -114,7 +114,7 @@ def _iter_rows(path: Path, start: int, end: int | None) -> Iterator[tuple[int, P
     """Yields (k, passage) for the data lines starting in [start, end), where the passage starts
     on the k-th line (0-based) after the first line of the range; errors name physical lines.
     """
-    header = _read_header(path)
+    header = read_header(path)
     id_col, text_col, title_col = (header.index(name) for name in ("id", "text", "title"))
     n_columns = len(header.columns)
     with open(path, "rb") as handle:
@@ -238,7 +238,7 @@ def passage_shard_bounds(path: str | Path, shard: int, n_shards: int) -> tuple[i
     if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n_shards:
         raise InputError(f"--shard must be an integer in [0, {n_shards}), got {shard!r}")
     path = Path(path)
-    header = _read_header(path)
+    header = read_header(path)
     size = os.path.getsize(path)
     data_bytes = size - header.end
     with open(path, "rb") as handle:
@@ -259,7 +259,7 @@ def count_passages(path: str | Path) -> int:
         DataError: a missing file or a bad header.
     """
     path = Path(path)
-    header = _read_header(path)
+    header = read_header(path)
     count = 0
     with open(path, "rb") as handle:
         handle.seek(header.end)
@@ -322,7 +322,7 @@ def fetch_passages(path: str | Path, ids: set[str]) -> dict[str, Passage]:
     path = Path(path)
     wanted = set(ids)
     found: dict[str, Passage] = {}
-    header = _read_header(path)
+    header = read_header(path)
     if wanted and header.index("id") == 0:
         id_col, text_col, title_col = (header.index(name) for name in REQUIRED_COLUMNS)
         with open(path, encoding="utf-8", newline="") as handle:

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from fid.data.examples import Example, load_examples
+from fid.data.examples import Example, load_examples, take, without_passages
+from fid.data.passage_store import open_passages
 from fid.inference.batching import reader_and_collator
 from fid.inference.generation import generate_answers
 from fid.metrics.answers import answer_metrics, describe_answer_metrics, exact_match, f1_score
@@ -40,29 +41,33 @@ def prediction_records(examples: Sequence[Example], predictions: Sequence[str]) 
 
 def eval_reader(
     cfg, model_path: Path, questions_path: Path, predictions_path: Path, metrics_path: Path,
-    device: torch.device,
-) -> dict:  # fmt: skip
+    device: torch.device, passages_path: Path | None = None,
+) -> dict | None:  # fmt: skip
     """`fid eval-reader`: predictions (jsonl, input order) and EM/F1 metrics (json).
 
-    Each rank generates for its share of the questions; rank 0 writes both files. Questions
-    without answers get predictions and no metric.
+    Each rank generates for its share of the questions; rank 0 alone gathers the predictions,
+    writes both files and returns the metrics (other ranks: None). Questions without answers
+    get predictions and no metric. `passages_path`: the passage store (or TSV) of compact lists.
     """
-    examples = load_examples(questions_path)
+    passages = None if passages_path is None else open_passages(passages_path)
+    examples = load_examples(questions_path, passages=passages)
     reader, tokenizer, collator = reader_and_collator(cfg, model_path, device)
-    mine = [examples[i] for i in distributed.shard_indices(len(examples))]
+    mine = take(examples, distributed.shard_indices(len(examples)))
     with torch.no_grad(), autocast(device, cfg.precision):
         local = generate_answers(
             reader, tokenizer, collator, mine, cfg.eval_batch_size, cfg.max_new_tokens,
             cfg.num_beams, device,
         )  # fmt: skip
-    predictions = distributed.gather_in_order(len(examples), local)
-    metrics = answer_metrics(predictions, [example.answers for example in examples])
+    predictions = distributed.gather_to_main(len(examples), local)
+    if predictions is None:
+        return None
+    questions = without_passages(examples)
+    metrics = answer_metrics(predictions, [example.answers for example in questions])
     metrics["n_questions"] = len(examples)
-    if distributed.is_main():
-        # Both files or neither: a metrics write that fails leaves no predictions behind.
-        with atomic_paths(predictions_path, metrics_path) as (predictions_tmp, metrics_tmp):
-            atomic_write_jsonl(predictions_tmp, prediction_records(examples, predictions))
-            atomic_write_json(metrics_tmp, metrics)
+    # Both files or neither: a metrics write that fails leaves no predictions behind.
+    with atomic_paths(predictions_path, metrics_path) as (predictions_tmp, metrics_tmp):
+        atomic_write_jsonl(predictions_tmp, prediction_records(questions, predictions))
+        atomic_write_json(metrics_tmp, metrics)
     if metrics["n_scored"] == 0:
         logger.warning("no question has gold answers: wrote predictions only, no metric")
     else:

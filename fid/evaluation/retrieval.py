@@ -7,6 +7,8 @@ from pathlib import Path
 
 from fid.config import EvalRetrievalConfig
 from fid.data.examples import load_examples
+from fid.data.passage_store import open_passages
+from fid.data.retrieval_lists import is_compact_lists, read_lists
 from fid.errors import DataError, InputError
 from fid.metrics.retrieval import describe_retrieval_accuracy, retrieval_accuracy
 from fid.runtime.fileio import atomic_write_json
@@ -14,8 +16,30 @@ from fid.runtime.fileio import atomic_write_json
 logger = logging.getLogger(__name__)
 
 
-def eval_retrieval(cfg: EvalRetrievalConfig, questions_path: Path, output_path: Path) -> dict:
-    """Writes the top-k accuracy of a FiD-format file's ranked ctxs to `output_path` (json).
+def _ranked_ctxs(questions_path: Path, passages_path: Path | None, need_text: bool):
+    """(answers, ctxs) of every question. Compact lists give ctxs without text (their
+    `has_answer` column is enough) unless the text is needed, which takes the passages."""
+    if not is_compact_lists(questions_path) or need_text:
+        passages = None if passages_path is None else open_passages(passages_path)
+        examples = load_examples(questions_path, passages=passages)
+        return [e.answers for e in examples], [e.ctxs for e in examples]
+    lists = read_lists(questions_path)
+    ctxs = [lists.ctx_fields(q) for q in range(len(lists))]
+    if any("has_answer" not in ctx for ranked in ctxs for ctx in ranked):
+        return _ranked_ctxs(questions_path, passages_path, need_text=True)
+    return [list(f.get("answers", [])) for f in lists.fields], ctxs
+
+
+def eval_retrieval(
+    cfg: EvalRetrievalConfig,
+    questions_path: Path,
+    output_path: Path,
+    passages_path: Path | None = None,
+) -> dict:
+    """Writes the top-k accuracy of ranked lists (FiD json or compact) to `output_path` (json).
+
+    Compact lists are scored by their has_answer column; their passages' text (`passages_path`)
+    is needed only to recompute it or where it is missing.
 
     Returns:
         The metrics (`fid.metrics.retrieval.retrieval_accuracy`).
@@ -23,11 +47,11 @@ def eval_retrieval(cfg: EvalRetrievalConfig, questions_path: Path, output_path: 
     Raises:
         DataError: a malformed question file, or an answer that is no valid regex (regex mode).
     """
-    examples = load_examples(questions_path)
+    answers, ctxs = _ranked_ctxs(questions_path, passages_path, cfg.recompute_has_answer)
     try:
         metrics = retrieval_accuracy(
-            [e.answers for e in examples],
-            [e.ctxs for e in examples],
+            answers,
+            ctxs,
             cfg.ks,
             cfg.has_answer_mode,
             cfg.recompute_has_answer,

@@ -3,6 +3,7 @@
 `fid score-passages` writes each question file back with `reader_score` in every ctx: the
 reader's score for the passages it read (`FiDReader.passage_scores`: the original's mean
 pre-softmax logit, or the attention mass), None for the others, so no stale score survives.
+FiD json comes back as FiD json, compact lists as compact lists with a `reader_score` column.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from typing import Any
 
 import torch
 
-from fid.data.examples import Example, load_examples
+from fid.data.examples import Example, ListExamples, load_examples, take
+from fid.data.passage_store import open_passages
 from fid.data.reader_batches import ReaderCollator
+from fid.data.retrieval_lists import write_lists
 from fid.inference.batching import counted, length_sorted_batches, reader_and_collator
 from fid.models.reader import FiDReader
 from fid.runtime import distributed
@@ -67,20 +70,42 @@ def with_reader_scores(
 
 
 def score_passages(
-    cfg, model_path: Path, questions_path: Path, output_path: Path, device: torch.device
+    cfg,
+    model_path: Path,
+    questions_path: Path,
+    output_path: Path,
+    device: torch.device,
+    passages_path: Path | None = None,
 ) -> None:
     """`fid score-passages`: the question file with `reader_score` in every ctx (None for the
-    ctxs the reader did not read). Each rank scores its share; rank 0 writes the file."""
-    examples = load_examples(questions_path)
+    ctxs the reader did not read). Each rank scores its share; only rank 0 gathers the scores
+    and writes the file, in the input's format (FiD json, or compact lists with a
+    `reader_score` column: `passages_path` is then their passage store or TSV)."""
+    passages = None if passages_path is None else open_passages(passages_path)
+    examples = load_examples(questions_path, passages=passages)
     reader, _, collator = reader_and_collator(cfg, model_path, device)
-    mine = [examples[i] for i in distributed.shard_indices(len(examples))]
+    mine = take(examples, distributed.shard_indices(len(examples)))
     with torch.no_grad(), autocast(device, cfg.precision):
         local = passage_scores(reader, collator, mine, cfg.batch_size, cfg.mode, device)
-    scores = distributed.gather_in_order(len(examples), local)
-    records = [
-        with_reader_scores(example, example_scores, cfg.mode, cfg.n_passages)
-        for example, example_scores in zip(examples, scores, strict=True)
-    ]
-    if distributed.is_main():
-        atomic_write_json(output_path, records)
-    logger.info("scored %d questions (%s) into %s", len(records), cfg.mode, output_path)
+    scores = distributed.gather_to_main(len(examples), local)
+    if scores is not None:
+        scoring = {"mode": cfg.mode, "n_passages": cfg.n_passages}
+        if isinstance(examples, ListExamples):
+            lists = examples.lists
+            columns = [
+                [read.get(i) for i in range(lists.offsets[q + 1] - lists.offsets[q])]
+                for q, read in enumerate(scores)
+            ]
+            scored = lists.with_column("reader_score", columns)
+            scored.fields = [
+                {**fields, "reader_scoring": {**scoring, "n_scored": len(read)}}
+                for fields, read in zip(lists.fields, scores, strict=True)
+            ]
+            write_lists(output_path, scored)
+        else:
+            records = (
+                with_reader_scores(example, example_scores, cfg.mode, cfg.n_passages)
+                for example, example_scores in zip(examples, scores, strict=True)
+            )
+            atomic_write_json(output_path, list(records))
+    logger.info("scored %d questions (%s) into %s", len(examples), cfg.mode, output_path)

@@ -39,10 +39,11 @@ from bm25s.tokenization import Tokenizer
 
 from fid.config import BM25Config, ConfigError
 from fid.config.retrieval import LUCENE_STOPWORDS
+from fid.data.passage_store import PassageStore, open_store, passages_in_memory
 from fid.data.passages import Passage, check_unique_ids, iter_passages
 from fid.data.questions import load_questions
 from fid.errors import DataError
-from fid.retrieval.ranking import retrieval_records
+from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime.fileio import atomic_directory, atomic_write_json
 from fid.runtime.progress import progress
 
@@ -280,6 +281,45 @@ def _fetch_passages(passages_path: Path, ids: np.ndarray, needed: set[int]) -> d
     return found
 
 
+def _passage_store(passages_path: Path, ids: np.ndarray, rows: list[np.ndarray]) -> PassageStore:
+    """The passages of compact lists: a store folder as it is, or the rows that the lists name
+    read from the TSV (each checked against the index's id for its row)."""
+    if passages_path.is_dir():
+        return open_store(passages_path)
+    found = _fetch_passages(passages_path, ids, {int(r) for rs in rows for r in rs})
+    return passages_in_memory(passages_path, {p.id: p for p in found.values()})
+
+
+def search_bm25(
+    index_dir: str | Path, questions: list[dict], cfg: BM25Config
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """The BM25 search alone: (the index's passage ids by row, each question's top rows best
+    first, their scores). Raises as `rank_bm25`."""
+    index_dir = Path(index_dir)
+    meta = _load_meta(index_dir)
+    _check_index_matches(meta, cfg, index_dir)
+    for position, question in enumerate(questions):
+        if not isinstance(question.get("question"), str) or "id" not in question:
+            raise ValueError(
+                f"question {position} needs an 'id' and a 'question' string: {question!r:.100}"
+            )
+    retriever = bm25s.BM25.load(index_dir, mmap=True, show_progress=False)
+    ids = np.load(index_dir / _IDS, allow_pickle=False)
+    k = min(cfg.top_k, len(ids))
+    rows: list[np.ndarray] = []  # (Q, k) passage row numbers, best first
+    scores: list[np.ndarray] = []  # (Q, k)
+    bar = progress(desc="BM25 search", unit="questions", total=len(questions), log=logger)
+    for start in range(0, len(questions), cfg.batch_size):
+        batch = questions[start : start + cfg.batch_size]
+        tokens = _query_tokens([q["question"] for q in batch], meta)
+        result = retriever.retrieve(tokens, k=k, sorted=True, show_progress=False)
+        rows.extend(result.documents)
+        scores.extend(result.scores)
+        bar.update(len(batch))
+    bar.close()
+    return ids, rows, scores
+
+
 def rank_bm25(
     index_dir: str | Path,
     passages_path: str | Path,
@@ -307,45 +347,19 @@ def rank_bm25(
         ConfigError: cfg disagrees with the parameters the index was built with.
         ValueError: a question without an "id" or a "question" string.
     """
-    index_dir, passages_path = Path(index_dir), Path(passages_path)
-    meta = _load_meta(index_dir)
-    _check_index_matches(meta, cfg, index_dir)
-    for position, question in enumerate(questions):
-        if not isinstance(question.get("question"), str) or "id" not in question:
-            raise ValueError(
-                f"question {position} needs an 'id' and a 'question' string: {question!r:.100}"
-            )
     started = time.perf_counter()
-    retriever = bm25s.BM25.load(index_dir, mmap=True, show_progress=False)
-    ids = np.load(index_dir / _IDS, allow_pickle=False)
-    k = min(cfg.top_k, len(ids))
-
-    rows: list[np.ndarray] = []  # (Q, k) passage row numbers, best first
-    scores: list[np.ndarray] = []  # (Q, k)
-    bar = progress(desc="BM25 search", unit="questions", total=len(questions), log=logger)
-    for start in range(0, len(questions), cfg.batch_size):
-        batch = questions[start : start + cfg.batch_size]
-        tokens = _query_tokens([q["question"] for q in batch], meta)
-        result = retriever.retrieve(tokens, k=k, sorted=True, show_progress=False)
-        rows.extend(result.documents)
-        scores.extend(result.scores)
-        bar.update(len(batch))
-    bar.close()
+    ids, rows, scores = search_bm25(index_dir, questions, cfg)
     searched = time.perf_counter()
-
-    passages = _fetch_passages(passages_path, ids, {int(r) for rs in rows for r in rs})
+    found = _fetch_passages(Path(passages_path), ids, {int(r) for rs in rows for r in rs})
     records = retrieval_records(
-        questions, [r.tolist() for r in rows], [s.tolist() for s in scores], passages
+        questions, [r.tolist() for r in rows], [s.tolist() for s in scores], found
     )
     logger.info(
         "BM25: %d questions x top %d in %.1f s (search %.1f s, fetching passages and has-answer "
         "%.1f s)",
-        len(questions),
-        k,
-        time.perf_counter() - started,
-        searched - started,
-        time.perf_counter() - searched,
-    )
+        len(questions), min(cfg.top_k, len(ids)), time.perf_counter() - started,
+        searched - started, time.perf_counter() - searched,
+    )  # fmt: skip
     return records
 
 
@@ -353,8 +367,14 @@ def retrieve_bm25(
     cfg: BM25Config, index_dir: Path, passages_path: Path, questions_path: Path, output: Path
 ) -> None:
     """`fid retrieve-bm25`: the top `cfg.top_k` passages of every question of a question file
-    (any format `load_questions` reads), written as FiD-format json."""
+    (any format `load_questions` reads), written as FiD-format json or compact lists
+    (`cfg.list_format`; `passages_path` may then be a passage store folder)."""
     questions = load_questions(questions_path)
-    records = rank_bm25(index_dir, passages_path, questions, cfg)
-    atomic_write_json(output, records)
-    logger.info("retrieved %d passages for %d questions into %s", cfg.top_k, len(records), output)
+    if cfg.list_format == "compact":
+        ids, rows, scores = search_bm25(index_dir, questions, cfg)
+        store = _passage_store(Path(passages_path), ids, rows)
+        ranked = [[str(ids[r]) for r in row] for row in rows]
+        write_compact_lists(output, questions, ranked, [s.tolist() for s in scores], store)
+    else:
+        atomic_write_json(output, rank_bm25(index_dir, passages_path, questions, cfg))
+    logger.info("retrieved %d passages for %d questions into %s", cfg.top_k, len(questions), output)

@@ -15,12 +15,13 @@ import numpy as np
 import torch
 
 from fid.config import RetrieveConfig
+from fid.data.passage_store import passages_for
 from fid.data.passages import fetch_passages
 from fid.data.questions import load_questions
 from fid.models.loading import load_retriever
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.retrieval.index import PassageIndex
-from fid.retrieval.ranking import retrieval_records
+from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
 from fid.runtime.precision import autocast
@@ -63,15 +64,20 @@ def rank_dense(
     device: torch.device,
 ) -> list[dict]:
     """Dense retrieval of the top `cfg.top_k` passages of each question, as FiD records."""
+    scores, ranked_ids = search_dense(model, encode, index, questions, cfg, device)
+    needed = {passage_id for ids in ranked_ids for passage_id in ids}
+    passages = fetch_passages(passages_path, needed)
+    return retrieval_records(questions, ranked_ids, scores, passages, cfg.has_answer_mode)
+
+
+def search_dense(model, encode, index, questions, cfg, device):
+    """(scores, ranked passage ids) of every question: the search of `rank_dense` alone."""
     vectors = encode_questions(
         model, encode, [q["question"] for q in questions], cfg.batch_size, device, cfg.precision
     )
     if cfg.nprobe is not None or cfg.ef_search is not None:
         index.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search)
-    scores, ranked_ids = index.search(vectors, cfg.top_k)
-    needed = {passage_id for ids in ranked_ids for passage_id in ids}
-    passages = fetch_passages(passages_path, needed)
-    return retrieval_records(questions, ranked_ids, scores, passages, cfg.has_answer_mode)
+    return index.search(vectors, cfg.top_k)
 
 
 def retrieve(
@@ -84,13 +90,20 @@ def retrieve(
     device: torch.device,
 ) -> None:
     """`fid retrieve`: the top `cfg.top_k` passages of every question of a question file by
-    the retriever and its index, written as FiD-format json (by rank 0)."""
+    the retriever and its index, written by rank 0 as FiD-format json or compact lists
+    (`cfg.list_format`; `passages_path` may then be a passage store folder)."""
     questions = load_questions(questions_path)
     retriever, encode = load_retriever(
         model_path, cfg.question_max_tokens, None, device, override=cfg.override_model_settings
     )
     index = PassageIndex.load(index_path, expected_dim=retriever.dim)
-    records = rank_dense(retriever, encode, index, passages_path, questions, cfg, device)
-    if distributed.is_main():
-        atomic_write_json(output, records)
-    logger.info("retrieved %d passages for %d questions into %s", cfg.top_k, len(records), output)
+    if cfg.list_format == "compact":
+        scores, ranked = search_dense(retriever, encode, index, questions, cfg, device)
+        if distributed.is_main():
+            store = passages_for(passages_path, {i for ids in ranked for i in ids})
+            write_compact_lists(output, questions, ranked, scores, store, cfg.has_answer_mode)
+    else:
+        records = rank_dense(retriever, encode, index, passages_path, questions, cfg, device)
+        if distributed.is_main():
+            atomic_write_json(output, records)
+    logger.info("retrieved %d passages for %d questions into %s", cfg.top_k, len(questions), output)

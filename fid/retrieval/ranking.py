@@ -1,4 +1,5 @@
-"""Retrieval output: each question with its ranked passages as FiD `ctxs`, with DPR's has-answer.
+"""Retrieval output: each question with its ranked passages as FiD `ctxs` (or compact lists,
+fid.data.retrieval_lists), with DPR's has-answer.
 
 Shared by BM25 and dense retrieval. A passage that many questions retrieve is tokenized once for
 all of them (DPR's rule compares token sequences), which keeps the has-answer check far cheaper
@@ -10,7 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Mapping, Sequence
 
+from fid.data.passage_store import PassageStore
 from fid.data.passages import Passage
+from fid.data.retrieval_lists import write_lines
 from fid.metrics.has_answer import AnswerMatcher, tokenize
 from fid.runtime.progress import progress
 
@@ -91,3 +94,48 @@ def retrieval_records(
              "answers": list(gold), "ctxs": ctxs}
         )  # fmt: skip
     return records
+
+
+def write_compact_lists(
+    output,
+    questions: Sequence[dict],
+    ranked: Sequence[Sequence[str]],
+    scores: Sequence[Sequence[float]],
+    passages: PassageStore,
+    mode: str = "string",
+    chunk: int = 1024,
+) -> int:
+    """Writes compact lists (passage ids, `score`, `has_answer`) atomically, streaming.
+
+    Passages are read a chunk of questions at a time, for the has-answer check only, so memory
+    holds one chunk's texts whatever the number of questions.
+
+    Args:
+        output: the file to write.
+        questions: {"id", "question", "answers"} dicts.
+        ranked: each question's passage ids, best first.
+        scores: the matching retrieval scores.
+        passages: the store the ids refer to (its fingerprint goes into the header).
+        mode: the has-answer rule ("string" or "regex").
+
+    Returns:
+        The number of questions written.
+    """
+
+    def lines():
+        for start in range(0, len(questions), chunk):
+            part = range(start, min(len(questions), start + chunk))
+            needed = sorted({str(key) for q in part for key in ranked[q]})
+            texts = {p.id: p.text for p in passages.get(needed, str(passages.passages_path))}
+            answers = [questions[q].get("answers") or [] for q in part]
+            ids = [[str(key) for key in ranked[q]] for q in part]
+            flags = has_answer_flags(answers, ids, texts, mode)
+            for q, gold, row, row_flags in zip(part, answers, ids, flags, strict=True):
+                question = questions[q]
+                yield {
+                    "id": str(question["id"]), "question": question["question"],
+                    "answers": list(gold), "passages": row,
+                    "columns": {"score": [float(s) for s in scores[q]], "has_answer": row_flags},
+                }  # fmt: skip
+
+    return write_lines(output, passages.fingerprint, lines())

@@ -214,6 +214,26 @@ def gather_in_order(n: int, local: Sequence[T]) -> list[T]:
     return ordered
 
 
+def gather_to_main(n: int, local: Sequence[T]) -> list[T] | None:
+    """Reassembles per-rank results of `shard_indices(n)` into input order on rank 0 only.
+
+    For results that only rank 0 writes (scores, predictions): the other ranks never hold the
+    whole set (`gather_in_order` gives it to every rank) and get None.
+    """
+    rank, size = world()
+    if size == 1 or not _split_work:
+        return list(local)
+    parts: list[Any] | None = [None] * size if rank == 0 else None
+    dist.gather_object(list(local), parts, dst=0)
+    if parts is None:
+        return None
+    ordered: list[Any] = [None] * n
+    for r, part in enumerate(parts):
+        for position, item in zip(range(r, n, size), part, strict=True):
+            ordered[position] = item
+    return ordered
+
+
 def all_gather_objects(value: T) -> list[T]:
     """Every rank's `value`, indexed by rank."""
     rank, size = world()

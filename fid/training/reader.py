@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from fid.config import ReaderTrainConfig
-from fid.data.examples import Example, choose_target, load_examples
+from fid.data.examples import Example, choose_target, load_examples, take, without_passages
+from fid.data.passage_store import open_passages
 from fid.data.reader_batches import ReaderCollator, epoch_batches
 from fid.inference.generation import generate_answers
 from fid.metrics.answers import answer_metrics
@@ -76,7 +77,7 @@ class ReaderTask:
 
     def evaluate(self) -> dict[str, float]:
         # Each rank generates for its share of the dev set; all ranks get every prediction.
-        mine = [self.dev[i] for i in distributed.shard_indices(len(self.dev))]
+        mine = take(self.dev, distributed.shard_indices(len(self.dev)))
         local = generate_answers(
             self.model,
             self.tokenizer,
@@ -88,7 +89,7 @@ class ReaderTask:
             self.device,
         )
         predictions = distributed.gather_in_order(len(self.dev), local)
-        metrics = answer_metrics(predictions, [example.answers for example in self.dev])
+        metrics = answer_metrics(predictions, [e.answers for e in without_passages(self.dev)])
         return {"exact_match": metrics["exact_match"], "f1": metrics["f1"], "n": len(self.dev)}
 
     def save_model(self, path: Path, state_dict: dict | None = None) -> None:
@@ -113,11 +114,14 @@ def train_reader(
     output_dir: Path,
     state_dir: Path,
     device: torch.device,
+    passages_path: Path | None = None,
 ) -> dict:
     """Trains a reader and writes the chosen model (HF format + tokenizer) to `output_dir`.
 
     The best dev checkpoint is exported (the final step's model when it is as good), with the
     run's metrics.jsonl and config beside it. Resumes from `state_dir` when it holds a run.
+    `passages_path`: the passage store (or TSV) of compact lists; their text is read as
+    batches are built.
 
     Returns:
         The exported model's dev metrics.
@@ -125,8 +129,9 @@ def train_reader(
     check_reader(init_model)
     # "auto" becomes what it means on this device, in the run's record too
     cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
-    train = load_examples(train_path, require_answers=True)
-    dev = load_examples(dev_path, require_answers=True)
+    passages = None if passages_path is None else open_passages(passages_path)
+    train = load_examples(train_path, require_answers=True, passages=passages)
+    dev = load_examples(dev_path, require_answers=True, passages=passages)
     logger.info("%d training and %d dev questions", len(train), len(dev))
     reader, tokenizer = load_reader(init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout)
     reader.to(device)

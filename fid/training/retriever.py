@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from fid.config import ConfigError, RetrieverTrainConfig
-from fid.data.examples import Example, load_examples
+from fid.data.examples import Example, ListExamples, load_examples, without_passages
+from fid.data.passage_store import open_passages
 from fid.data.reader_batches import epoch_batches
 from fid.errors import DataError
 from fid.metrics.has_answer import AnswerMatcher
@@ -52,38 +53,76 @@ class DistillationExample:
     has_answer: list[bool] | None
 
 
+def distillation_example(
+    example: Example, n_passages: int, score_key: str, source: str
+) -> DistillationExample:
+    """The scored passages of a question: the `n_passages` with the highest `score_key` (ties
+    in file order), as the original's Dataset sorts by the reader's score and keeps the top
+    n_context."""
+    scored = [c for c in example.ctxs if c.get(score_key) is not None]
+    ctxs = sorted(scored, key=lambda c: -float(c[score_key]))[:n_passages]
+    if not ctxs:
+        raise DataError(
+            f"{source}: question {example.id!r} has no ctx with a '{score_key}' value. "
+            "Hint: run `fid score-passages` on this file first."
+        )
+    flags = None
+    if example.answers:
+        matcher = AnswerMatcher(example.answers)
+        flags = [
+            bool(c["has_answer"]) if "has_answer" in c else matcher.matches(c["text"]) for c in ctxs
+        ]
+    return DistillationExample(
+        question=example.question,
+        titles=[c["title"] for c in ctxs],
+        texts=[c["text"] for c in ctxs],
+        teacher=torch.tensor([float(c[score_key]) for c in ctxs]),
+        has_answer=flags,
+    )
+
+
+class LazyDistillation(Sequence[DistillationExample]):
+    """The distillation examples of compact lists, each built (its passages read) when indexed,
+    so a process holds the text of one batch, not of the split."""
+
+    def __init__(self, examples: ListExamples, n_passages: int, score_key: str, source: str):
+        self.examples = examples
+        self.args = (n_passages, score_key, source)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return LazyDistillation(self.examples[key], *self.args)
+        return distillation_example(self.examples[key], *self.args)
+
+    def subset(self, indices: Sequence[int]) -> LazyDistillation:
+        """A view of the examples at these indices."""
+        return LazyDistillation(self.examples.subset(indices), *self.args)
+
+
 def distillation_examples(
     examples: Sequence[Example], n_passages: int, score_key: str, source: str
-) -> list[DistillationExample]:
-    """The scored passages of each question: the `n_passages` with the highest `score_key`
-    (ties in file order), as the original's Dataset sorts by the reader's score and keeps the
-    top n_context."""
-    out = []
-    for example in examples:
-        scored = [c for c in example.ctxs if c.get(score_key) is not None]
-        ctxs = sorted(scored, key=lambda c: -float(c[score_key]))[:n_passages]
-        if not ctxs:
+) -> Sequence[DistillationExample]:
+    """Every question's `distillation_example`: a list for FiD records, a lazy sequence for
+    compact lists (checked now, from the score column alone).
+
+    Raises:
+        DataError: a question without a `score_key` value (naming it and the file).
+    """
+    if not isinstance(examples, ListExamples):
+        return [distillation_example(e, n_passages, score_key, source) for e in examples]
+    lists = examples.lists
+    column = lists.columns.get(score_key)
+    for q in examples.positions:
+        start, end = lists.offsets[q], lists.offsets[q + 1]
+        if column is None or all(column.get(p) is None for p in range(start, end)):
             raise DataError(
-                f"{source}: question {example.id!r} has no ctx with a '{score_key}' value. "
-                "Hint: run `fid score-passages` on this file first."
+                f"{source}: question {lists.fields[q]['id']!r} has no passage with a "
+                f"'{score_key}' value. Hint: run `fid score-passages` on this file first."
             )
-        flags = None
-        if example.answers:
-            matcher = AnswerMatcher(example.answers)
-            flags = [
-                bool(c["has_answer"]) if "has_answer" in c else matcher.matches(c["text"])
-                for c in ctxs
-            ]
-        out.append(
-            DistillationExample(
-                question=example.question,
-                titles=[c["title"] for c in ctxs],
-                texts=[c["text"] for c in ctxs],
-                teacher=torch.tensor([float(c[score_key]) for c in ctxs]),
-                has_answer=flags,
-            )
-        )
-    return out
+    return LazyDistillation(examples, n_passages, score_key, source)
 
 
 def distillation_loss(
@@ -204,7 +243,11 @@ class RetrieverTask:
 
     def evaluate(self) -> dict[str, float]:
         # Each rank ranks its share of the dev set; the metrics cover all of it.
-        mine = [self.dev[i] for i in distributed.shard_indices(len(self.dev))]
+        indices = distributed.shard_indices(len(self.dev))
+        if isinstance(self.dev, LazyDistillation):
+            mine = self.dev.subset(indices)
+        else:
+            mine = [self.dev[i] for i in indices]
         orders = distributed.gather_in_order(len(self.dev), self.rankings(mine))
         return ranking_metrics(self.dev, orders, self.cfg.eval_k)
 
@@ -291,8 +334,12 @@ def train_retriever(
     output_dir: Path,
     state_dir: Path,
     device: torch.device,
+    passages_path: Path | None = None,
 ) -> dict:
     """Distils a retriever and writes its best dev model to `output_dir`.
+
+    `passages_path`: the passage store (or TSV) of compact lists; their text is read as
+    batches are built.
 
     Returns:
         The exported model's best step and dev metric.
@@ -300,14 +347,13 @@ def train_retriever(
     check_retriever(init_model)
     # "auto" becomes what it means on this device, in the run's record too
     cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
-    train = distillation_examples(
-        load_examples(train_path), cfg.n_passages, cfg.score_key, str(train_path)
-    )
-    dev = distillation_examples(
-        load_examples(dev_path), cfg.n_passages, cfg.score_key, str(dev_path)
-    )
-    if cfg.select_on.startswith("candidate_answer_recall") and all(
-        e.has_answer is None for e in dev
+    passages = None if passages_path is None else open_passages(passages_path)
+    train_examples = load_examples(train_path, passages=passages)
+    dev_examples = load_examples(dev_path, passages=passages)
+    train = distillation_examples(train_examples, cfg.n_passages, cfg.score_key, str(train_path))
+    dev = distillation_examples(dev_examples, cfg.n_passages, cfg.score_key, str(dev_path))
+    if cfg.select_on.startswith("candidate_answer_recall") and not any(
+        e.answers for e in without_passages(dev_examples)
     ):
         raise DataError(f"{dev_path}: select_on {cfg.select_on} needs dev questions with answers")
     logger.info("%d training and %d dev questions", len(train), len(dev))
