@@ -6,7 +6,7 @@ The classes live by stage (reader, retrieval, training, data, demo); import them
 """
 
 from fid.config.data import DownloadConfig, PrepareQuestionsConfig, ReaderListsConfig
-from fid.config.demo import DemoDataConfig, WorldConfig
+from fid.config.demo import DemoDataConfig, ScaleDataConfig, WorldConfig
 from fid.config.loading import (
     ConfigError,
     check_finite,
@@ -52,6 +52,7 @@ __all__ = [
     "ReaderTrainConfig",
     "RetrieveConfig",
     "RetrieverTrainConfig",
+    "ScaleDataConfig",
     "ScorePassagesConfig",
     "TrainingConfig",
     "WorldConfig",

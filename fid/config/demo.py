@@ -1,4 +1,5 @@
-"""Knobs of the embedded demo: the synthetic world (`fid make-demo-data`).
+"""Knobs of the embedded demo: the synthetic world (`fid make-demo-data`), and synthetic data of
+NQ's shape and size (`fid make-scale-data`).
 
 The world's fixed shape lives here too (its attributes, the most entities, the question
 templates per attribute), so that a config is checked without building the world;
@@ -8,8 +9,9 @@ fid/demo/world.py holds the templates and checks that they agree.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import NoReturn
 
-from fid.config.loading import ConfigError
+from fid.config.loading import ConfigError, check_finite
 
 ATTRIBUTES: tuple[str, ...] = (
     "founder",
@@ -100,3 +102,112 @@ class DemoDataConfig(WorldConfig):
     def world_config(self) -> WorldConfig:
         """The world alone (what `fid.demo.world.build_world` takes)."""
         return WorldConfig(**{f.name: getattr(self, f.name) for f in fields(WorldConfig)})
+
+
+NQ_PASSAGES = 21_015_324
+"""Passages of DPR's Wikipedia corpus (psgs_w100.tsv), the size `ScaleDataConfig.scale` 1.0."""
+NQ_QUESTIONS: dict[str, int] = {"train": 79_168, "dev": 8_757, "test": 3_610}
+"""Questions per split of NQ-open as FiD and DPR use it, the sizes of `scale` 1.0."""
+ARTICLE_PASSAGES = 5
+"""Mean passages per synthetic article: consecutive passages share its title, and only the last
+may be a short tail, so `tail_fraction` can reach at most 1 / ARTICLE_PASSAGES."""
+
+
+@dataclass(frozen=True)
+class ScaleDataConfig:
+    """`fid make-scale-data`: a synthetic corpus and question splits of NQ's shape and size.
+
+    Attributes:
+        seed: Seed of every random choice; the same config always gives the same bytes.
+        scale: Fraction of NQ, 0 < scale <= 1: 1.0 is 21,015,324 passages and 79,168 train /
+            8,757 dev / 3,610 test questions (each count rounded, at least 1).
+        n_passages, n_train, n_dev, n_test: Exact counts overriding `scale` for that part
+            (None: from `scale`); splits may be 0, the corpus needs >= 1 passage.
+        integer_ids: Passage ids 1..N as DPR's; False: string ids "doc{article}-{k}".
+        answer_passages: Passages that state each question's answer, verbatim, beside some of
+            the question's words (so BM25 can find them); no passage states two answers, so
+            n_passages >= (answer_passages + distractor_passages) * questions.
+        distractor_passages: Passages that hold some of each question's content words but not
+            its answer, so that the words alone do not single out an answer passage (BM25
+            ranks an answer passage first less often).
+        passage_words: Words of a passage (DPR: 100); only an article's last passage can be
+            shorter.
+        tail_fraction: Share of passages that are such short tails (uniform 1..passage_words-1
+            words), 0..1/ARTICLE_PASSAGES.
+    """
+
+    seed: int = 0
+    scale: float = 0.01
+    n_passages: int | None = None
+    n_train: int | None = None
+    n_dev: int | None = None
+    n_test: int | None = None
+    integer_ids: bool = True
+    answer_passages: int = 3
+    distractor_passages: int = 3
+    passage_words: int = 100
+    tail_fraction: float = 0.02
+
+    def __post_init__(self) -> None:
+        def fail(key: str, expected: str) -> NoReturn:
+            value = getattr(self, key)
+            raise ConfigError(
+                f"ScaleDataConfig.{key} = {value!r} is not allowed: expected {expected}"
+            )
+
+        def is_int(value: object) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        for key in ("seed", "answer_passages", "distractor_passages", "passage_words"):
+            if not is_int(getattr(self, key)):
+                fail(key, "an int")
+        for key in ("n_passages", "n_train", "n_dev", "n_test"):
+            value = getattr(self, key)
+            if value is not None and (not is_int(value) or value < 0):
+                fail(key, "null (from scale) or an int >= 0")
+        if not isinstance(self.integer_ids, bool):
+            fail("integer_ids", "true or false")
+        for key in ("scale", "tail_fraction"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                fail(key, "a number")
+            check_finite(f"ScaleDataConfig.{key}", value)
+        if not 0 < self.scale <= 1:
+            fail("scale", "0 < scale <= 1 (1.0 = NQ's 21,015,324 passages)")
+        if not 0 <= self.tail_fraction <= 1 / ARTICLE_PASSAGES:
+            fail("tail_fraction", f"0 <= tail_fraction <= {1 / ARTICLE_PASSAGES} (1 short tail "
+                 f"at most per article of {ARTICLE_PASSAGES} passages on average)")  # fmt: skip
+        if self.seed < 0:
+            fail("seed", "an int >= 0")
+        if not 1 <= self.answer_passages <= 100:
+            fail("answer_passages", "1 <= answer_passages <= 100")
+        if not 0 <= self.distractor_passages <= 100:
+            fail("distractor_passages", "0 <= distractor_passages <= 100")
+        if not 10 <= self.passage_words <= 1000:
+            fail("passage_words", "10 <= passage_words <= 1000")
+        sizes = self.sizes()
+        if sizes["passages"] < 1:
+            fail("n_passages", "an int >= 1")
+        n_questions = sizes["train"] + sizes["dev"] + sizes["test"]
+        per_question = self.answer_passages + self.distractor_passages
+        if sizes["passages"] < per_question * n_questions:
+            raise ConfigError(
+                f"ScaleDataConfig.n_passages = {sizes['passages']} is too small: expected "
+                f"n_passages >= (answer_passages + distractor_passages) * questions = "
+                f"{per_question} * {n_questions} = {per_question * n_questions} (a passage "
+                "serves one question); raise scale or n_passages, or lower n_train/n_dev/n_test"
+            )
+
+    def sizes(self) -> dict[str, int]:
+        """The counts to write: {"passages", "train", "dev", "test"} (overrides, else scaled)."""
+        full = {"passages": NQ_PASSAGES, **NQ_QUESTIONS}
+        explicit = {
+            "passages": self.n_passages,
+            "train": self.n_train,
+            "dev": self.n_dev,
+            "test": self.n_test,
+        }
+        return {
+            key: value if value is not None else max(1, round(self.scale * full[key]))
+            for key, value in explicit.items()
+        }
