@@ -216,3 +216,15 @@ def test_a_few_passages_stream_chunk_after_chunk(tmp_path, monkeypatch):
         for question in load_questions(tmp_path / f"{split}.jsonl"):
             matcher = AnswerMatcher(question["answers"])
             assert sum(matcher.matches(p.text) for p in passages) >= cfg.answer_passages
+
+
+def test_the_fid_command_writes_the_files_and_refuses_bad_knobs(tmp_path):
+    from fid.cli import main
+
+    config = tmp_path / "scale.yaml"
+    config.write_text("n_passages: 300\nn_train: 6\nn_dev: 2\nn_test: 2\n")
+    assert main(["make-scale-data", "--config", str(config), "--output", str(tmp_path / "o")]) == 0
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == sorted(FILES)
+    config.write_text("scale: 2.0\n")
+    assert main(["make-scale-data", "--config", str(config), "--output", str(tmp_path / "x")]) == 1
+    assert not (tmp_path / "x").exists()

@@ -117,6 +117,13 @@ def make_demo_data(args) -> None:
     make_demo_data(_load_config(args, DemoDataConfig), args.output)
 
 
+def make_scale_data(args) -> None:
+    from fid.config import ScaleDataConfig
+    from fid.demo.scale_data import make_scale_data
+
+    make_scale_data(_load_config(args, ScaleDataConfig), args.output)
+
+
 def init_reader(args) -> None:
     from fid.config import InitReaderConfig
     from fid.demo.tiny_models import init_reader

@@ -152,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = add("make-demo-data", commands.make_demo_data, "Write the synthetic demo world.")
     c.add_argument("--output", type=Path, required=True, help="folder to write")
 
+    c = add(
+        "make-scale-data",
+        commands.make_scale_data,
+        "Write an NQ-shaped rehearsal set: a psgs_w100-like corpus and question splits.",
+    )
+    c.add_argument("--output", type=Path, required=True, help="folder to write")
+
     c = add("download", commands.download, "Download a file: resumable, checksum-verified, atomic.")
     c.add_argument("--url", required=True, help="http(s) or file URL")
     c.add_argument("--checksum", help="sha256:<hex> or md5:<hex> (none: record only)")

@@ -59,10 +59,13 @@ def is_compact_lists(path: str | Path) -> bool:
 @dataclass
 class Column:
     """One passage field of every list: flags as int8 (-1 null), numbers as float64 (NaN
-    null), anything else as Python values."""
+    null), anything else as Python values; `present` (Q,) marks the questions that have the
+    field at all (None: every question), so that a field missing stays missing and a null
+    stays null."""
 
     kind: str  # "flag" | "number" | "object"
     values: np.ndarray | list
+    present: np.ndarray | None = None
 
     def get(self, position: int) -> Any:
         value = self.values[position]
@@ -95,11 +98,9 @@ def _column_array(kind: str, values: list) -> np.ndarray | list:
 
 def _join_column(name: str, parts: list[tuple[str, list]], source: str) -> Column:
     """One column from its per-chunk parts (kind, raw values); null chunks take the column's
-    kind, a mix of flags and numbers is refused (it would not survive a round trip)."""
+    kind, and a column of mixed kinds keeps its Python values (so it survives a round trip)."""
     kinds = {kind for kind, _ in parts} - {"null"}
-    if kinds == {"flag", "number"}:
-        raise DataError(f"{source}: column {name!r} mixes true/false and numbers")
-    if "object" in kinds:
+    if "object" in kinds or len(kinds) > 1:  # a mix of kinds is kept as it is
         return Column("object", [v for _, values in parts for v in values])
     kind = kinds.pop() if kinds else "number"
     return Column(kind, np.concatenate([_column_array(kind, values) for _, values in parts]))
@@ -135,19 +136,19 @@ class RetrievalLists:
         """Question q's passages as ctx dicts without title and text: {"id", column: value}."""
         start, end = int(self.offsets[q]), int(self.offsets[q + 1])
         ctxs = [{"id": i} for i in self.ids_of(q)]
-        for name, column in self.columns.items():
+        for name, column in self._columns_of(q):
             for ctx, position in zip(ctxs, range(start, end), strict=True):
-                value = column.get(position)
-                if value is not None:
-                    ctx[name] = value
+                ctx[name] = column.get(position)
         return ctxs
+
+    def _columns_of(self, q: int) -> list[tuple[str, Column]]:
+        return [(n, c) for n, c in self.columns.items() if c.present is None or c.present[q]]
 
     def line(self, q: int) -> dict[str, Any]:
         """Question q as a line of the file."""
         start, end = int(self.offsets[q]), int(self.offsets[q + 1])
         columns = {
-            name: [column.get(p) for p in range(start, end)]
-            for name, column in self.columns.items()
+            name: [column.get(p) for p in range(start, end)] for name, column in self._columns_of(q)
         }
         return {**self.fields[q], "passages": self.ids_of(q), "columns": columns}
 
@@ -161,19 +162,27 @@ class RetrievalLists:
 
 
 def lists_from_records(records: Sequence[dict], corpus: dict | None = None) -> RetrievalLists:
-    """FiD records `{..., ctxs: [{id, title, text, ...}]}` as compact lists (texts dropped)."""
+    """FiD records `{..., ctxs: [{id, title, text, ...}]}` as compact lists (texts dropped).
+
+    A ctx field becomes a column of the questions whose ctxs have it; a passage of such a
+    question that lacks the field gets null there.
+    """
     fields, ids, offsets = [], [], [0]
-    ctx_keys: dict[str, None] = {}
+    keys_of: list[set[str]] = []  # each question's ctx fields
     for record in records:
         fields.append({k: v for k, v in record.items() if k != "ctxs"})
-        for ctx in record["ctxs"]:
-            ids.append(str(ctx["id"]))
-            ctx_keys.update(dict.fromkeys(k for k in ctx if k not in PASSAGE_FIELDS))
+        keys_of.append({k for ctx in record["ctxs"] for k in ctx if k not in PASSAGE_FIELDS})
+        ids.extend(str(ctx["id"]) for ctx in record["ctxs"])
         offsets.append(len(ids))
     columns = {}
-    for name in ctx_keys:
+    for name in dict.fromkeys(k for record in records for ctx in record["ctxs"] for k in ctx):
+        if name in PASSAGE_FIELDS:
+            continue
         values = [ctx.get(name) for record in records for ctx in record["ctxs"]]
-        columns[name] = _join_column(name, [(_column_kind(values), values)], "FiD records")
+        column = _join_column(name, [(_column_kind(values), values)], "FiD records")
+        present = np.asarray([name in keys for keys in keys_of])
+        column.present = None if present.all() else present
+        columns[name] = column
     return RetrievalLists(
         fields, np.asarray(offsets, dtype=np.int64),
         np.asarray([i.encode("utf-8") for i in ids], dtype=np.bytes_), columns, corpus,
@@ -216,6 +225,7 @@ def read_lists(path: str | Path) -> RetrievalLists:
     column_parts: dict[str, list[tuple[str, list]]] = {}
     pending_ids: list[str] = []
     pending: dict[str, list] = {}  # column -> values of the questions since the last flush
+    present: dict[str, list[int]] = {}  # column -> the questions that have it
     header: dict | None = None
 
     def flush() -> None:
@@ -262,6 +272,7 @@ def read_lists(path: str | Path) -> RetrievalLists:
             for name, values in record.pop("columns", {}).items():
                 column = pending.setdefault(name, [])
                 column += [None] * (before - len(column)) + values
+                present.setdefault(name, []).append(len(fields))
             pending_ids.extend(ids)
             offsets.append(offsets[-1] + len(ids))
             fields.append(record)
@@ -271,6 +282,10 @@ def read_lists(path: str | Path) -> RetrievalLists:
         raise DataError(f"{path}: empty file; expected compact retrieval lists")
     flush()
     columns = {name: _join_column(name, parts, str(path)) for name, parts in column_parts.items()}
+    for name, column in columns.items():
+        if len(present[name]) < len(fields):
+            column.present = np.zeros(len(fields), dtype=bool)
+            column.present[present[name]] = True
     return RetrievalLists(
         fields, np.asarray(offsets, dtype=np.int64), np.concatenate(id_chunks), columns,
         header.get("corpus"),
