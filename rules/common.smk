@@ -16,7 +16,7 @@ from fid.config import ConfigError, config_from_dict
 from fid.config import EmbedPassagesConfig, EvalReaderConfig, EvalRetrievalConfig
 from fid.config import InitReaderConfig, InitRetrieverConfig, ReaderTrainConfig
 from fid.config import RetrieveConfig, RetrieverTrainConfig, ScorePassagesConfig
-from fid.config import DemoDataConfig
+from fid.config import DemoDataConfig, ScaleDataConfig
 from fid.config import DownloadConfig
 from fid.config import IndexConfig
 from fid.config import PrepareQuestionsConfig, ReaderListsConfig
@@ -30,6 +30,9 @@ DATA, MODELS, CURRICULUM = (
     config["data"].get("curriculum"),
 )
 DEMO, CURRICULUM = DATA["source"] == "demo", CURRICULUM or {}
+# the NQ-shaped rehearsal set of `fid make-scale-data`
+SCALE = DATA["source"] == "scale"
+COMPACT = config.get("list_format", "fid_json") == "compact"
 PRETRAINED, COMPARE = config.get("pretrained") or {}, config.get("compare") or []
 FIRST, EVAL_SPLITS = config["first_retrieval"], config["eval_splits"]
 DENSE = list(PRETRAINED) + [f"iter{i}" for i in range(K)]  # sources that embed
@@ -66,10 +69,21 @@ STAGES = {
     "eval_retrieval": (EvalRetrievalConfig, section("eval_retrieval")),
     "download": (DownloadConfig, section("download")),
     "demo_data": (DemoDataConfig, section("demo_data")),
+    "scale_data": (ScaleDataConfig, section("scale_data")),
     "demo_gold": (DemoDataConfig, {**section("demo_data"), "n_passages": 1}),
 }
 for split, spec in (DATA.get("questions") or {}).items():
     STAGES[f"prepare_{split}"] = (PrepareQuestionsConfig, spec.get("prepare") or {})
+# What retrieval writes is one workflow key: every later rule reads it the same way.
+for stage in ("bm25", "retrieve"):
+    if "list_format" in STAGES[stage][1]:
+        fail(
+            f"{stage}.list_format",
+            "is set by the workflow",
+            "set list_format at the top",
+        )
+    if COMPACT:  # (fid_json is fid's default: the stage files of other runs stay as they were)
+        STAGES[stage][1]["list_format"] = "compact"
 for stage, (cls, knobs) in STAGES.items():
     try:
         config_from_dict(knobs, cls, source=f"config section '{stage}'")
@@ -138,11 +152,25 @@ def res_path(*parts):
 
 
 def passages():
+    if SCALE:
+        return res_path("data/scale/psgs_w100.tsv")
     return res_path("data/demo/world/passages.tsv") if DEMO else DATA["passages"]
 
 
 def questions(split):
+    if SCALE:
+        return res_path(f"data/scale/{split}.jsonl")
     return res_path(f"data/demo/world/{split}.jsonl" if DEMO else f"data/{split}.jsonl")
+
+
+def list_store():
+    """The passage store compact lists are read through (an input), or none."""
+    return [res_path("passages/store")] if COMPACT else []
+
+
+def passages_flag():
+    """`--passages STORE` for the rules that read retrieved lists, when they are compact."""
+    return ["--passages", *list_store()] if COMPACT else []
 
 
 def stage_file(stage):
@@ -266,4 +294,5 @@ def training_inputs(wc):
     else:
         data = {s: reader_lists(i, stage, s) for s in ("train", "dev")}
     config = stage if stage == "reader_warmup" or i == 0 else f"{stage}_later"
-    return {**data, "config": stage_file(config), "init": start(kind, i, stage)[1]}
+    init = start(kind, i, stage)[1]
+    return {**data, "config": stage_file(config), "init": init, "store": list_store()}

@@ -9,6 +9,8 @@ OUTPUTS:
     results/{run}/config/{stage}.yaml                                rule stage_config
     results/{run}/data/{split}.jsonl                                 rule prepare_questions
     results/{run}/data/demo/{variant}/...   (passages, questions, reader lists) make_demo_data
+    results/{run}/data/scale/...   (psgs_w100.tsv, {split}.jsonl, stats.json)  make_scale_data
+    results/{run}/passages/store/   (random access by id, for compact lists) build_passage_store
     resources/pretrained/{name}/                                     rule copy_packaged_model
 """
 
@@ -119,6 +121,57 @@ rule make_demo_data:
     shell:
         fid("make_demo_data")
         + " make-demo-data --config {input.config:q} --output {params.folder:q} > {log:q} 2>&1"
+
+
+rule make_scale_data:
+    input:
+        config=stage_file("scale_data"),
+    output:
+        expand(
+            "results/{{run}}/data/scale/{file}",
+            file=[
+                "psgs_w100.tsv",
+                "train.jsonl",
+                "dev.jsonl",
+                "test.jsonl",
+                "stats.json",
+            ],
+        ),
+    log:
+        "logs/make_scale_data/{run}.log",
+    benchmark:
+        "logs/benchmarks/make_scale_data/{run}.tsv"
+    priority: 50
+    conda:
+        "envs/fid.yaml"
+    threads: threads("make_scale_data")
+    resources:
+        **res("make_scale_data"),
+    params:
+        folder=lambda wc: res_path("data/scale"),
+    shell:
+        fid("make_scale_data")
+        + " make-scale-data --config {input.config:q} --output {params.folder:q} > {log:q} 2>&1"
+
+
+rule build_passage_store:
+    input:
+        passages=passages(),
+    output:
+        directory("results/{run}/passages/store"),
+    log:
+        "logs/build_passage_store/{run}.log",
+    benchmark:
+        "logs/benchmarks/build_passage_store/{run}.tsv"
+    priority: 50
+    conda:
+        "envs/fid.yaml"
+    threads: threads("build_passage_store")
+    resources:
+        **res("build_passage_store"),
+    shell:
+        fid("build_passage_store")
+        + " build-passage-store --passages {input.passages:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule copy_packaged_model:

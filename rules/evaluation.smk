@@ -28,6 +28,7 @@ rule eval_reader:
         model="results/{run}/iter{i}/reader/model",
         questions=lambda wc: retrieval(round_source(wc.i), wc.split),
         config=stage_file("eval_reader"),
+        store=list_store(),
     output:
         metrics="results/{run}/iter{i}/reader/eval/{split}.json",
         predictions="results/{run}/iter{i}/reader/eval/{split}.predictions.jsonl",
@@ -40,11 +41,13 @@ rule eval_reader:
     threads: threads("eval_reader")
     resources:
         **res("eval_reader"),
+    params:
+        passages=passages_flag(),
     shell:
         fid("eval_reader")
         + " eval-reader --config {input.config:q} --model {input.model:q}"
         " --questions {input.questions:q} --predictions {output.predictions:q}"
-        " --metrics {output.metrics:q} > {log:q} 2>&1"
+        " --metrics {output.metrics:q} {params.passages:q} > {log:q} 2>&1"
 
 
 rule eval_retrieval:

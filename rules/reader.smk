@@ -55,10 +55,12 @@ rule train_reader:
         init=lambda wc: start("reader", int(wc.i), wc.stage)[0],
         # fid finds (or starts) the run's state under it: state/.../<key>/ (not an output)
         state_root="state/{run}/iter{i}/{stage}",
+        passages=passages_flag(),
     shell:
         fid("train_reader") + " train-reader --config {input.config:q}"
         " --train {input.train:q} --dev {input.dev:q} --init-model {params.init:q}"
-        " --output {output:q} --state-root {params.state_root:q} > {log:q} 2>&1"
+        " --output {output:q} --state-root {params.state_root:q} {params.passages:q}"
+        " > {log:q} 2>&1"
 
 
 rule score_passages:
@@ -66,6 +68,7 @@ rule score_passages:
         model="results/{run}/iter{i}/reader/model",
         questions=lambda wc: retrieval(round_source(wc.i), wc.split),
         config=stage_file("score_passages"),
+        store=list_store(),
     output:
         "results/{run}/iter{i}/reader/scores/{split}.json",
     log:
@@ -78,10 +81,12 @@ rule score_passages:
     threads: threads("score_passages")
     resources:
         **res("score_passages"),
+    params:
+        passages=passages_flag(),
     shell:
         fid("score_passages") + " score-passages --config {input.config:q}"
         " --model {input.model:q} --questions {input.questions:q}"
-        " --output {output:q} > {log:q} 2>&1"
+        " --output {output:q} {params.passages:q} > {log:q} 2>&1"
 
 
 rule make_reader_lists:

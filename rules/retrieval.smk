@@ -61,7 +61,7 @@ rule build_bm25:
 rule retrieve_bm25:
     input:
         index="results/{run}/bm25/index",
-        passages=passages(),
+        passages=list_store() or passages(),
         questions=lambda wc: questions(wc.split),
         config=stage_file("bm25"),
     output:
@@ -102,10 +102,12 @@ rule train_retriever:
         init=lambda wc: start("retriever", int(wc.i))[0],
         # fid finds (or starts) the run's state under it: state/.../<key>/ (not an output)
         state_root="state/{run}/iter{i}/retriever",
+        passages=passages_flag(),
     shell:
         fid("train_retriever") + " train-retriever --config {input.config:q}"
         " --train {input.train:q} --dev {input.dev:q} --init-model {params.init:q}"
-        " --output {output:q} --state-root {params.state_root:q} > {log:q} 2>&1"
+        " --output {output:q} --state-root {params.state_root:q} {params.passages:q}"
+        " > {log:q} 2>&1"
 
 
 rule embed_passages:
@@ -174,7 +176,7 @@ rule retrieve:
     input:
         encoder=lambda wc: encoder(wc.source)[1],
         index="results/{run}/{source}/index",
-        passages=passages(),
+        passages=list_store() or passages(),
         questions=lambda wc: questions(wc.split),
         config=stage_file("retrieve"),
     output:

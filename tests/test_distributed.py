@@ -324,3 +324,71 @@ def test_fsdp_matches_ddp_and_resumes_from_sharded_checkpoints(
     resumed = load_file(tmp_path / "m-fsdp/model.safetensors")
     for name in fsdp:
         assert torch.equal(fsdp[name], resumed[name]), name
+
+
+_GATHER = """
+import json, sys
+from fid.runtime import distributed
+info = distributed.init_from_env()
+distributed.setup(info)
+n = 7
+mine = distributed.shard_indices(n)
+gathered = distributed.gather_to_main(n, [{"q": i, "score": i / 10} for i in mine])
+print(json.dumps({"rank": info.rank, "mine": mine, "gathered": gathered}))
+distributed.cleanup()
+"""
+
+
+def test_scores_are_gathered_to_rank_0_only(tmp_path):
+    """gather_to_main: rank 0 gets every rank's share in input order, the others nothing."""
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _GATHER],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(
+                os.environ,
+                RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_RANK=str(r),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                OMP_NUM_THREADS="1",
+            ),
+        )  # fmt: skip
+        for r in range(2)
+    ]
+    outputs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    by_rank = {o["rank"]: o for o in outputs}
+    assert by_rank[0]["mine"] == [0, 2, 4, 6] and by_rank[1]["mine"] == [1, 3, 5]
+    assert by_rank[0]["gathered"] == [{"q": i, "score": i / 10} for i in range(7)]
+    assert by_rank[1]["gathered"] is None
+
+
+@pytest.mark.slow
+def test_compact_lists_scored_on_2_ranks_equal_fid_json_in_one_process(
+    tmp_path, tiny_model_dir, toy_records, toy_world
+):
+    from test_retrieval_lists import _write_tsv
+
+    from fid.data.list_conversion import convert_lists
+    from fid.data.passage_store import build_passage_store
+
+    build_passage_store(_write_tsv(tmp_path / "p.tsv", toy_world.passages), tmp_path / "store")
+    questions = write_json(tmp_path / "q.json", toy_records["dev"][:5])
+    convert_lists(questions, tmp_path / "store", tmp_path / "q.jsonl")
+    config = _yaml(tmp_path / "s.yaml", {"n_passages": 3, "batch_size": 2})
+    common = ["score-passages", "--config", config, "--model", tiny_model_dir]
+    launch([*common, "--questions", questions, "--output", tmp_path / "one.json"], 1, tmp_path)
+    launch([*common, "--questions", tmp_path / "q.jsonl", "--output", tmp_path / "two.jsonl",
+            "--passages", tmp_path / "store"], 2, tmp_path)  # fmt: skip
+    convert_lists(tmp_path / "two.jsonl", tmp_path / "store", tmp_path / "two.json")
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert [r["id"] for r in two] == [r["id"] for r in one]
+    for a, b in zip(one, two, strict=True):
+        assert [c["reader_score"] for c in b["ctxs"]] == pytest.approx(
+            [c["reader_score"] for c in a["ctxs"]], abs=1e-5, nan_ok=True
+        )

@@ -95,6 +95,7 @@ def test_compact_examples_are_the_fid_examples(tmp_path, toy_records, toy_corpus
         )  # fmt: skip
     view = examples[2:5].subset([2, 0])
     assert [e.id for e in view] == [expected[4].id, expected[2].id]
+    assert [e.id for e in view[1:]] == [expected[2].id]  # a slice of a view
 
 
 def _fid_run(tmp_path: Path, name: str, questions: Path, model: Path, passages=()) -> dict:

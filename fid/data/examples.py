@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from fid.data.json_records import JsonSyntaxError, parse_json_records, read_utf8
-from fid.data.passage_store import PassageStore
+from fid.data.passage_store import PassageStore, open_passages
 from fid.data.retrieval_lists import RetrievalLists, is_compact_lists, read_lists
 from fid.errors import DataError
 
@@ -120,15 +120,17 @@ def _check_new_id(id_: str, location: str, first_seen: dict[str, str], path: Pat
 
 
 def load_examples(
-    path: str | Path, require_answers: bool = False, passages: PassageStore | None = None
+    path: str | Path,
+    require_answers: bool = False,
+    passages: PassageStore | str | Path | None = None,
 ) -> Sequence[Example]:
     """Loads and validates a FiD-format question file or compact retrieval lists.
 
     Args:
         path: a json list or jsonl file of FiD records, or compact lists.
         require_answers: every record must have a target or at least one answer (training).
-        passages: the passage store that compact lists' ids refer to (unused for FiD records,
-            which carry their text).
+        passages: the passage store that compact lists' ids refer to, or its folder (or TSV),
+            opened only for compact lists (FiD records carry their text).
 
     Returns:
         The examples in file order: a list, or `ListExamples` for compact lists.
@@ -170,8 +172,10 @@ def load_examples(
 
 
 def _load_list_examples(
-    path: Path, require_answers: bool, passages: PassageStore | None
+    path: Path, require_answers: bool, passages: PassageStore | str | Path | None
 ) -> ListExamples:
+    if isinstance(passages, str | Path):
+        passages = open_passages(passages)
     if passages is None:
         raise DataError(
             f"{path}: holds compact retrieval lists (passage ids without text). Hint: pass "
@@ -223,7 +227,7 @@ class ListExamples(Sequence[Example]):
     def __getitem__(self, key: slice) -> ListExamples: ...
     def __getitem__(self, key):
         if isinstance(key, slice):
-            return self.subset(self.positions[key])
+            return ListExamples(self.lists, self.passages, self.source, self.positions[key])
         q = self.positions[key]
         fields = self.lists.fields[q]
         ctxs = self.lists.ctx_fields(q)

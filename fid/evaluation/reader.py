@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from fid.data.examples import Example, load_examples, take, without_passages
-from fid.data.passage_store import open_passages
 from fid.inference.batching import reader_and_collator
 from fid.inference.generation import generate_answers
 from fid.metrics.answers import answer_metrics, describe_answer_metrics, exact_match, f1_score
@@ -49,8 +48,7 @@ def eval_reader(
     writes both files and returns the metrics (other ranks: None). Questions without answers
     get predictions and no metric. `passages_path`: the passage store (or TSV) of compact lists.
     """
-    passages = None if passages_path is None else open_passages(passages_path)
-    examples = load_examples(questions_path, passages=passages)
+    examples = load_examples(questions_path, passages=passages_path)
     reader, tokenizer, collator = reader_and_collator(cfg, model_path, device)
     mine = take(examples, distributed.shard_indices(len(examples)))
     with torch.no_grad(), autocast(device, cfg.precision):

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from fid.config import EvalRetrievalConfig
 from fid.data.examples import load_examples
-from fid.data.passage_store import open_passages
 from fid.data.retrieval_lists import is_compact_lists, read_lists
 from fid.errors import DataError, InputError
 from fid.metrics.retrieval import describe_retrieval_accuracy, retrieval_accuracy
@@ -20,8 +19,7 @@ def _ranked_ctxs(questions_path: Path, passages_path: Path | None, need_text: bo
     """(answers, ctxs) of every question. Compact lists give ctxs without text (their
     `has_answer` column is enough) unless the text is needed, which takes the passages."""
     if not is_compact_lists(questions_path) or need_text:
-        passages = None if passages_path is None else open_passages(passages_path)
-        examples = load_examples(questions_path, passages=passages)
+        examples = load_examples(questions_path, passages=passages_path)
         return [e.answers for e in examples], [e.ctxs for e in examples]
     lists = read_lists(questions_path)
     ctxs = [lists.ctx_fields(q) for q in range(len(lists))]

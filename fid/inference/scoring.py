@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from fid.data.examples import Example, ListExamples, load_examples, take
-from fid.data.passage_store import open_passages
 from fid.data.reader_batches import ReaderCollator
 from fid.data.retrieval_lists import write_lists
 from fid.inference.batching import counted, length_sorted_batches, reader_and_collator
@@ -81,8 +80,7 @@ def score_passages(
     ctxs the reader did not read). Each rank scores its share; only rank 0 gathers the scores
     and writes the file, in the input's format (FiD json, or compact lists with a
     `reader_score` column: `passages_path` is then their passage store or TSV)."""
-    passages = None if passages_path is None else open_passages(passages_path)
-    examples = load_examples(questions_path, passages=passages)
+    examples = load_examples(questions_path, passages=passages_path)
     reader, _, collator = reader_and_collator(cfg, model_path, device)
     mine = take(examples, distributed.shard_indices(len(examples)))
     with torch.no_grad(), autocast(device, cfg.precision):

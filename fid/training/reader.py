@@ -11,7 +11,6 @@ import torch
 
 from fid.config import ReaderTrainConfig
 from fid.data.examples import Example, choose_target, load_examples, take, without_passages
-from fid.data.passage_store import open_passages
 from fid.data.reader_batches import ReaderCollator, epoch_batches
 from fid.inference.generation import generate_answers
 from fid.metrics.answers import answer_metrics
@@ -129,9 +128,8 @@ def train_reader(
     check_reader(init_model)
     # "auto" becomes what it means on this device, in the run's record too
     cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
-    passages = None if passages_path is None else open_passages(passages_path)
-    train = load_examples(train_path, require_answers=True, passages=passages)
-    dev = load_examples(dev_path, require_answers=True, passages=passages)
+    train = load_examples(train_path, require_answers=True, passages=passages_path)
+    dev = load_examples(dev_path, require_answers=True, passages=passages_path)
     logger.info("%d training and %d dev questions", len(train), len(dev))
     reader, tokenizer = load_reader(init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout)
     reader.to(device)

@@ -22,7 +22,6 @@ import torch
 
 from fid.config import ConfigError, RetrieverTrainConfig
 from fid.data.examples import Example, ListExamples, load_examples, without_passages
-from fid.data.passage_store import open_passages
 from fid.data.reader_batches import epoch_batches
 from fid.errors import DataError
 from fid.metrics.has_answer import AnswerMatcher
@@ -347,9 +346,8 @@ def train_retriever(
     check_retriever(init_model)
     # "auto" becomes what it means on this device, in the run's record too
     cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
-    passages = None if passages_path is None else open_passages(passages_path)
-    train_examples = load_examples(train_path, passages=passages)
-    dev_examples = load_examples(dev_path, passages=passages)
+    train_examples = load_examples(train_path, passages=passages_path)
+    dev_examples = load_examples(dev_path, passages=passages_path)
     train = distillation_examples(train_examples, cfg.n_passages, cfg.score_key, str(train_path))
     dev = distillation_examples(dev_examples, cfg.n_passages, cfg.score_key, str(dev_path))
     if cfg.select_on.startswith("candidate_answer_recall") and not any(

@@ -41,10 +41,13 @@ def expected_counts(cfg: dict) -> dict[str, int]:
         "eval_retrieval": (1 + k + len(compare)) * splits,
         "eval_baseline": splits,
     }
+    counts["build_passage_store"] = int(cfg.get("list_format") == "compact")
     if cfg["data"]["source"] == "demo":
         curriculum = cfg["data"].get("curriculum") or {}
         counts["make_demo_data"] = 2 if curriculum.get("warmup") else 1
         counts["make_reader_lists"] = 2 * (curriculum.get("round0_lists") == "gold_forced")
+    elif cfg["data"]["source"] == "scale":
+        counts["make_scale_data"] = 1
     else:
         counts["download"] = len(cfg["data"].get("downloads", {}))
         counts["extract"] = len(cfg["data"].get("extract", {}))
@@ -52,7 +55,7 @@ def expected_counts(cfg: dict) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "nq.yaml", "tqa.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "nq.yaml", "tqa.yaml", "scale.yaml"])
 def test_plan_counts(tmp_path, name):
     cfg = yaml.safe_load((ROOT / "config" / name).read_text())
     started = time.perf_counter()
