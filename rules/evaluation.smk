@@ -58,6 +58,8 @@ rule eval_retrieval:
         "results/{run}/{source}/eval/{split}.json",
     log:
         "logs/eval_retrieval/{run}/{source}/{split}.log",
+    benchmark:
+        "logs/benchmarks/eval_retrieval/{run}/{source}/{split}.tsv"
     conda:
         "envs/fid.yaml"
     threads: threads("eval_retrieval")
@@ -77,6 +79,8 @@ rule eval_baseline:
         "results/{run}/baseline/{split}.json",
     log:
         "logs/eval_baseline/{run}/{split}.log",
+    benchmark:
+        "logs/benchmarks/eval_baseline/{run}/{split}.tsv"
     conda:
         "envs/fid.yaml"
     threads: threads("eval_baseline")

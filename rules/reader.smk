@@ -23,6 +23,8 @@ rule init_reader:
         directory("results/{run}/init/reader"),
     log:
         "logs/init_reader/{run}.log",
+    benchmark:
+        "logs/benchmarks/init_reader/{run}.tsv"
     priority: 50
     conda:
         "envs/fid.yaml"

@@ -25,6 +25,8 @@ rule init_retriever:
         directory("results/{run}/init/retriever"),
     log:
         "logs/init_retriever/{run}.log",
+    benchmark:
+        "logs/benchmarks/init_retriever/{run}.tsv"
     priority: 50
     conda:
         "envs/fid.yaml"
