@@ -78,8 +78,9 @@ def pytest_collection_modifyitems(config, items):
     """The longest test files first, so that make test's `pytest -n 2 --dist loadfile
     --no-loadscope-reorder` starts them at once, one per worker (xdist then hands out files in
     this order, each file to one worker): the demo end to end (~20 min on 2 cores), the SLURM
-    tests (~10 min; one file: one cluster)."""
-    first = {"test_end_to_end.py": 0, "test_slurm.py": 1, "test_rebuild.py": 2}
+    tests (~10 min; one file: one cluster), the scale rehearsal (~3-5 min)."""
+    first = {"test_end_to_end.py": 0, "test_slurm.py": 1, "test_scale_rehearsal.py": 2,
+             "test_rebuild.py": 3}  # fmt: skip
     items.sort(key=lambda item: first.get(Path(item.path).name, 9))
 
 

@@ -96,14 +96,41 @@ def _column_array(kind: str, values: list) -> np.ndarray | list:
     return list(values)
 
 
-def _join_column(name: str, parts: list[tuple[str, list]], source: str) -> Column:
-    """One column from its per-chunk parts (kind, raw values); null chunks take the column's
-    kind, and a column of mixed kinds keeps its Python values (so it survives a round trip)."""
+def _pack(values: list) -> tuple[str, np.ndarray | list | int]:
+    """A chunk of a column as (kind, payload): flags and numbers as numpy right away (a list of
+    Python floats costs ~30 bytes a value), a null chunk as its length, anything else as is."""
+    kind = _column_kind(values)
+    if kind == "null":
+        return kind, len(values)
+    return kind, values if kind == "object" else _column_array(kind, values)
+
+
+def _unpack(kind: str, payload) -> list:
+    if kind == "null":
+        return [None] * payload
+    if kind == "object":
+        return payload
+    return [Column(kind, payload).get(i) for i in range(len(payload))]
+
+
+def _join_column(
+    name: str, parts: list[tuple[str, np.ndarray | list | int]], source: str
+) -> Column:
+    """One column from its packed chunks; null chunks take the column's kind, and a column of
+    mixed kinds keeps its Python values (so it survives a round trip)."""
     kinds = {kind for kind, _ in parts} - {"null"}
     if "object" in kinds or len(kinds) > 1:  # a mix of kinds is kept as it is
-        return Column("object", [v for _, values in parts for v in values])
+        return Column("object", [v for kind, payload in parts for v in _unpack(kind, payload)])
     kind = kinds.pop() if kinds else "number"
-    return Column(kind, np.concatenate([_column_array(kind, values) for _, values in parts]))
+    arrays = [
+        _column_array(kind, [None] * payload) if part_kind == "null" else payload
+        for part_kind, payload in parts
+    ]
+    return Column(kind, np.concatenate(arrays))
+
+
+def _length(kind: str, payload) -> int:
+    return payload if kind == "null" else len(payload)
 
 
 @dataclass
@@ -157,7 +184,7 @@ class RetrievalLists:
         flat = [value for row in values for value in row]
         if len(flat) != len(self.passage_ids):
             raise ValueError(f"column {name!r} has {len(flat)} values for {len(self.passage_ids)}")
-        columns = {**self.columns, name: _join_column(name, [(_column_kind(flat), flat)], name)}
+        columns = {**self.columns, name: _join_column(name, [_pack(flat)], name)}
         return RetrievalLists(self.fields, self.offsets, self.passage_ids, columns, self.corpus)
 
 
@@ -179,7 +206,7 @@ def lists_from_records(records: Sequence[dict], corpus: dict | None = None) -> R
         if name in PASSAGE_FIELDS:
             continue
         values = [ctx.get(name) for record in records for ctx in record["ctxs"]]
-        column = _join_column(name, [(_column_kind(values), values)], "FiD records")
+        column = _join_column(name, [_pack(values)], "FiD records")
         present = np.asarray([name in keys for keys in keys_of])
         column.present = None if present.all() else present
         columns[name] = column
@@ -233,15 +260,11 @@ def read_lists(path: str | Path) -> RetrievalLists:
         for name in pending.keys() | column_parts.keys():
             values = pending.get(name, [])
             values += [None] * (len(pending_ids) - len(values))
-            part = (_column_kind(values), values)
             # A column first seen now is null for every earlier question.
-            earlier = (
-                offsets[-1] - len(pending_ids) - sum(len(v) for _, v in column_parts.get(name, []))
-            )
-            column_parts.setdefault(name, []).extend(
-                [("null", [None] * earlier)] if earlier else []
-            )
-            column_parts[name].append(part)
+            done = sum(_length(*part) for part in column_parts.get(name, []))
+            earlier = offsets[-1] - len(pending_ids) - done
+            column_parts.setdefault(name, []).extend([("null", earlier)] if earlier else [])
+            column_parts[name].append(_pack(values))
         pending_ids.clear()
         pending.clear()
 

@@ -106,9 +106,9 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
         np.save(handle, array, allow_pickle=False)
 
 
-def load_npy(path: Path) -> np.ndarray:
+def load_npy(path: Path, mmap: bool = False) -> np.ndarray:
     try:
-        return np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
     except ValueError as error:
         # Raised for object arrays (which need pickle) and for files that are not .npy at all.
         raise DataError(f"{path}: not a plain numpy array file: {error}") from None
@@ -181,8 +181,11 @@ def first_duplicate(ids: Sequence[str]) -> str:
     raise AssertionError("no duplicate")
 
 
-def _read_shard(prefix: str | Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """(float16 embeddings, ids, meta) of one shard, checked against each other."""
+def _read_shard(
+    prefix: str | Path, mmap: bool = False
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """(float16 embeddings, ids, meta) of one shard, checked against each other; with `mmap`
+    the embeddings stay on disk (memory-mapped) until rows are read."""
     paths = _shard_paths(prefix)
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
@@ -198,7 +201,7 @@ def _read_shard(prefix: str | Path) -> tuple[np.ndarray, np.ndarray, dict[str, A
     required = ("shard", "n_shards", "count", "dim", "model")
     if not isinstance(meta, dict) or any(key not in meta for key in required):
         raise DataError(f"{meta_path}: expected an object with keys {', '.join(required)}")
-    embeddings, ids = load_npy(emb_path), load_npy(ids_path)
+    embeddings, ids = load_npy(emb_path, mmap), load_npy(ids_path)
     if embeddings.ndim != 2 or embeddings.dtype != np.float16:
         raise DataError(
             f"{emb_path}: expected a float16 (n, D) array, "
@@ -231,16 +234,47 @@ def load_embedding_shard(prefix: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return embeddings, ids
 
 
+class ShardedEmbeddings:
+    """The (N, D) float32 embeddings of several memory-mapped float16 shards, read when rows
+    are asked for: `x[lo:hi]` and `x[rows]` (sorted row numbers) give float32 arrays, so that
+    building an index holds the index and one batch, not a second copy of the corpus."""
+
+    def __init__(self, shards: Sequence[np.ndarray]):
+        self.shards = list(shards)
+        self.starts = np.cumsum([0] + [len(s) for s in self.shards])  # (S + 1,)
+        self.shape = (int(self.starts[-1]), int(self.shards[0].shape[1]))
+        self.ndim, self.dtype = 2, np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key) -> np.ndarray:
+        if isinstance(key, slice):
+            key = np.arange(*key.indices(self.shape[0]))
+        rows = np.asarray(key)
+        out = np.empty((len(rows), self.shape[1]), dtype=np.float32)
+        shard_of = np.searchsorted(self.starts, rows, side="right") - 1
+        for s in np.unique(shard_of):
+            mine = shard_of == s
+            out[mine] = self.shards[s][rows[mine] - self.starts[s]]
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = self[:]
+        return whole if dtype is None else whole.astype(dtype)
+
+
 def load_embedding_shards(
     prefixes: Sequence[str | Path],
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """Loads and concatenates every shard of one embedding run, in the given order.
+) -> tuple[ShardedEmbeddings, np.ndarray, dict[str, Any]]:
+    """Opens every shard of one embedding run (memory-mapped) and checks them together.
 
     Args:
         prefixes: the path prefixes of all `n_shards` shards (any order; rows follow it).
 
     Returns:
-        (embeddings, ids, meta): float32 (N, D) embeddings, a unicode array of the N ids, and
+        (embeddings, ids, meta): the (N, D) embeddings as float32 rows on demand
+        (`ShardedEmbeddings`; `np.asarray` reads them all), a unicode array of the N ids, and
         {"n_shards", "count", "dim", "model", "shards": [prefixes]}.
 
     Raises:
@@ -249,7 +283,7 @@ def load_embedding_shards(
     """
     if not prefixes:
         raise DataError("no embedding shards given")
-    shards = [_read_shard(prefix) for prefix in prefixes]
+    shards = [_read_shard(prefix, mmap=True) for prefix in prefixes]
     first_prefix, (_, _, first) = prefixes[0], shards[0]
     for prefix, (_, _, meta) in zip(prefixes, shards, strict=True):
         for key in ("dim", "model", "n_shards"):
@@ -277,12 +311,7 @@ def load_embedding_shards(
 
     ids = np.concatenate([shard_ids for _, shard_ids, _ in shards])
     _check_unique_ids(ids, [len(shard_ids) for _, shard_ids, _ in shards], prefixes)
-    # Filled shard by shard: no float16 copy of the whole corpus on the way to float32.
-    embeddings = np.empty((len(ids), first["dim"]), dtype=np.float32)
-    row = 0
-    for shard_embeddings, _, _ in shards:
-        embeddings[row : row + len(shard_embeddings)] = shard_embeddings
-        row += len(shard_embeddings)
+    embeddings = ShardedEmbeddings([shard_embeddings for shard_embeddings, _, _ in shards])
     meta = {
         "n_shards": n_shards,
         "count": len(ids),
@@ -290,7 +319,7 @@ def load_embedding_shards(
         "model": first["model"],
         "shards": [str(prefix) for prefix in prefixes],
     }
-    logger.info("loaded %d embeddings of d=%d from %d shards", len(ids), first["dim"], n_shards)
+    logger.info("opened %d embeddings of d=%d in %d shards", len(ids), first["dim"], n_shards)
     return embeddings, ids, meta
 
 

@@ -26,7 +26,12 @@ import numpy as np
 
 from fid.config import ConfigError, IndexConfig
 from fid.errors import DataError
-from fid.retrieval.embeddings import first_duplicate, load_embedding_shards, load_npy
+from fid.retrieval.embeddings import (
+    ShardedEmbeddings,
+    first_duplicate,
+    load_embedding_shards,
+    load_npy,
+)
 from fid.runtime.fileio import atomic_directory
 from fid.runtime.progress import progress
 
@@ -115,12 +120,17 @@ class PassageIndex:
 
     @classmethod
     def build(
-        cls, embeddings: np.ndarray, ids: Sequence[str], cfg: IndexConfig, model: str
+        cls,
+        embeddings: np.ndarray | ShardedEmbeddings,
+        ids: Sequence[str],
+        cfg: IndexConfig,
+        model: str,
     ) -> PassageIndex:
         """Builds an index: create from `cfg.factory`, train if needed, add every vector.
 
         Args:
-            embeddings: (N, D) float16 or float32 passage embeddings.
+            embeddings: (N, D) float16 or float32 passage embeddings, or memory-mapped shards
+                (rows are read a batch at a time).
             ids: the N passage ids, unique, in the row order of `embeddings`.
             cfg: the index configuration.
             model: name or path of the encoder that produced the embeddings.
