@@ -227,3 +227,15 @@ def _header_only(tmp_path: Path) -> Path:
     path = tmp_path / "header.tsv"
     path.write_text("id\ttext\ttitle\n")
     return path
+
+
+@pytest.mark.parametrize("k", [1, 5, 37, 200, 500])
+def test_top_k_is_the_sort_by_score_then_row(k):
+    from fid.retrieval.bm25 import top_k
+
+    rng = np.random.default_rng(k)
+    scores = rng.integers(0, 6, size=200).astype(np.float32)  # many ties, many zeros
+    rows, values = top_k(scores, k)
+    expected = sorted(range(200), key=lambda r: (-scores[r], r))[:k]
+    assert rows.tolist() == expected
+    assert values.tolist() == scores[expected].tolist()

@@ -311,13 +311,37 @@ def search_bm25(
     bar = progress(desc="BM25 search", unit="questions", total=len(questions), log=logger)
     for start in range(0, len(questions), cfg.batch_size):
         batch = questions[start : start + cfg.batch_size]
-        tokens = _query_tokens([q["question"] for q in batch], meta)
-        result = retriever.retrieve(tokens, k=k, sorted=True, show_progress=False)
-        rows.extend(result.documents)
-        scores.extend(result.scores)
+        for tokens in _query_tokens([q["question"] for q in batch], meta):
+            # (N,) every passage's score; bm25s's own top-k partitions the raw scores, which
+            # is ~30x slower than on their negation when most are 0 (57 vs 1.8 ms at 210k
+            # passages: minutes per thousand questions at 21M), and orders ties arbitrarily.
+            passage_scores = (
+                retriever.get_scores(tokens) if tokens else np.zeros(len(ids), dtype=np.float32)
+            )
+            top, top_scores = top_k(passage_scores, k)
+            rows.append(top)
+            scores.append(top_scores)
         bar.update(len(batch))
     bar.close()
     return ids, rows, scores
+
+
+def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, scores) of the k highest of (N,) `scores`, best first, ties by row number.
+
+    One partition of the negated scores, then only the k (and the rows tied with the k-th)
+    are sorted: O(N + k log k), deterministic whatever the ties.
+    """
+    negated = -scores
+    if k < len(scores):
+        kth = negated[np.argpartition(negated, k - 1)[:k]].max()
+        above = np.flatnonzero(negated < kth)
+        tied = np.flatnonzero(negated == kth)[: k - len(above)]
+        rows = np.concatenate([above, tied])
+    else:
+        rows = np.arange(len(scores))
+    rows = rows[np.lexsort((rows, negated[rows]))]
+    return rows, scores[rows]
 
 
 def rank_bm25(
