@@ -82,7 +82,8 @@ for stage in ("bm25", "retrieve"):
             "is set by the workflow",
             "set list_format at the top",
         )
-    if COMPACT:  # (fid_json is fid's default: the stage files of other runs stay as they were)
+    # fid_json is fid's default: the stage files of other runs stay as they were
+    if COMPACT:
         STAGES[stage][1]["list_format"] = "compact"
 for stage, (cls, knobs) in STAGES.items():
     try:
