@@ -139,8 +139,8 @@ rule embed_passages:
         shards=SHARDS,
     shell:
         fid("embed_passages") + " embed-passages --config {input.config:q}"
-        " --model {params.model:q} --passages {input.passages:q} --shard {wildcards.k}"
-        " --n-shards {params.shards} --output {params.prefix:q} > {log:q} 2>&1"
+        " --model {params.model:q} --passages {input.passages:q} --shard {wildcards.k:q}"
+        " --n-shards {params.shards:q} --output {params.prefix:q} > {log:q} 2>&1"
 
 
 rule build_index:
