@@ -36,7 +36,7 @@ def _scores(reader, collator, examples, mode, precision, batch_size):
     with torch.no_grad(), autocast(cpu, precision):
         scores = passage_scores(reader, collator, examples, batch_size, mode, cpu)
     seconds = (time.process_time() - started) / len(examples)
-    return [np.array([s[i] for i in sorted(s)]) for s in scores], seconds
+    return [s.values[np.argsort(s.ctx_indices)] for s in scores], seconds
 
 
 def main() -> None:

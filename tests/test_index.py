@@ -239,6 +239,33 @@ def test_fewer_results_than_k_are_dropped():
         assert (row_scores[len(row_ids) :] == -np.inf).all()
 
 
+def test_short_lists_write_as_compact_lists_with_their_own_scores(tmp_path):
+    # Index rows stay rows until written; a list shorter than k keeps only its found scores.
+    from fid.data.passage_store import passages_in_memory
+    from fid.data.passages import Passage
+    from fid.data.retrieval_lists import read_lists
+    from fid.retrieval.ranking import write_compact_lists
+
+    emb = unit_vectors(200, 8)
+    ids = passage_ids(200)
+    tsv = tmp_path / "psgs.tsv"
+    tsv.write_text("id\ttext\ttitle\n" + "".join(f"{i}\ttext {i}\tt\n" for i in ids))
+    store = passages_in_memory(tsv, {i: Passage(i, "t", f"text {i}") for i in ids})
+    index = PassageIndex.build(emb, ids, IndexConfig("IVF4,Flat", nprobe=1), MODEL)
+    scores, ranked = index.search_rows(emb[:10], 200)
+    assert ranked.rows.dtype == np.int64 and ranked.rows.shape == (10, 200)
+    assert [ranked[q] for q in range(10)] == index.search(emb[:10], 200)[1]
+    questions = [{"id": q, "question": f"q{q}", "answers": [f"text p{q}"]} for q in range(10)]
+    write_compact_lists(tmp_path / "lists.jsonl", questions, ranked, scores, store)
+    lists = read_lists(tmp_path / "lists.jsonl")
+    for q in range(10):
+        line = lists.line(q)
+        n = len(ranked[q])
+        assert line["passages"] == ranked[q] and 0 < n < 200
+        assert line["columns"]["score"] == pytest.approx(scores[q][:n].tolist())
+        assert line["columns"]["has_answer"][line["passages"].index(f"p{q}")] is True
+
+
 def test_float16_embeddings_and_queries(vectors):
     half = vectors[:300].astype(np.float16)
     ids = passage_ids(300)

@@ -343,11 +343,11 @@ def passages_in_memory(path: str | Path, passages: dict[str, Passage]) -> Passag
     return PassageStore(None, path, record, _memory=passages)
 
 
-def passages_for(path: str | Path, ids: set[str]) -> PassageStore:
-    """The passages that retrieval lists name: a store folder opened as it is, or, from a
-    TSV, just these passages read in one pass (what retrieval needs of a file without a store).
-    """
+def passages_for(path: str | Path, ids: Iterable[str]) -> PassageStore:
+    """The passages that retrieval lists name: a store folder opened as it is (`ids` unread),
+    or, from a TSV, just these passages read in one pass (what retrieval needs of a file
+    without a store)."""
     path = Path(path)
     if path.is_dir():
         return open_store(path)
-    return passages_in_memory(path, fetch_passages(path, ids))
+    return passages_in_memory(path, fetch_passages(path, set(ids)))

@@ -179,12 +179,13 @@ class RetrievalLists:
         }
         return {**self.fields[q], "passages": self.ids_of(q), "columns": columns}
 
-    def with_column(self, name: str, values: Sequence[Sequence[Any]]) -> RetrievalLists:
-        """These lists with one more passage column (one value list per question)."""
-        flat = [value for row in values for value in row]
-        if len(flat) != len(self.passage_ids):
-            raise ValueError(f"column {name!r} has {len(flat)} values for {len(self.passage_ids)}")
-        columns = {**self.columns, name: _join_column(name, [_pack(flat)], name)}
+    def with_number_column(self, name: str, values: np.ndarray) -> RetrievalLists:
+        """These lists with one more number column: (P,) float64 over all passages, NaN null."""
+        if values.shape != self.passage_ids.shape:
+            raise ValueError(
+                f"column {name!r} has {len(values)} values for {len(self.passage_ids)}"
+            )
+        columns = {**self.columns, name: Column("number", np.asarray(values, dtype=np.float64))}
         return RetrievalLists(self.fields, self.offsets, self.passage_ids, columns, self.corpus)
 
 

@@ -77,7 +77,7 @@ def search_dense(model, encode, index, questions, cfg, device):
     )
     if cfg.nprobe is not None or cfg.ef_search is not None:
         index.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search)
-    return index.search(vectors, cfg.top_k)
+    return index.search_rows(vectors, cfg.top_k)
 
 
 def retrieve(
@@ -100,7 +100,7 @@ def retrieve(
     if cfg.list_format == "compact":
         scores, ranked = search_dense(retriever, encode, index, questions, cfg, device)
         if distributed.is_main():
-            store = passages_for(passages_path, {i for ids in ranked for i in ids})
+            store = passages_for(passages_path, (i for ids in ranked for i in ids))
             write_compact_lists(output, questions, ranked, scores, store, cfg.has_answer_mode)
     else:
         records = rank_dense(retriever, encode, index, passages_path, questions, cfg, device)

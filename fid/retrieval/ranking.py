@@ -114,7 +114,8 @@ def write_compact_lists(
         output: the file to write.
         questions: {"id", "question", "answers"} dicts.
         ranked: each question's passage ids, best first.
-        scores: the matching retrieval scores.
+        scores: the matching retrieval scores (an approximate index's missing ones, past the
+            end of a shorter list, are dropped).
         passages: the store the ids refer to (its fingerprint goes into the header).
         mode: the has-answer rule ("string" or "regex").
 
@@ -135,7 +136,8 @@ def write_compact_lists(
                 yield {
                     "id": str(question["id"]), "question": question["question"],
                     "answers": list(gold), "passages": row,
-                    "columns": {"score": [float(s) for s in scores[q]], "has_answer": row_flags},
+                    "columns": {"score": [float(s) for s in scores[q][: len(row)]],
+                                "has_answer": row_flags},
                 }  # fmt: skip
 
     return write_lines(output, passages.fingerprint, lines())
