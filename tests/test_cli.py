@@ -184,6 +184,21 @@ def test_train_eval_score(tmp_path, files, tiny_model_dir, toy_records):
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert metrics["exact_match"] is None and metrics["n_unlabeled"] == 3
 
+    # Passage pruning and token elimination reach eval-reader from its config; keeping every
+    # passage and token gives the plain predictions.
+    dev = write_json(tmp_path / "dev4.json", toy_records["dev"][:4])
+    predictions = {}
+    for name, extra in [("plain", {}), ("fast", {"keep_passages": 4, "keep_tokens": 100})]:
+        config = _yaml(tmp_path / f"{name}.yaml", {"n_passages": 4, "max_new_tokens": 3, **extra})
+        code = main(
+            ["eval-reader", "--config", str(config), "--model", str(model), "--questions", str(dev),
+             "--predictions", str(tmp_path / f"{name}.jsonl"), "--metrics", str(tmp_path / f"{name}.m.json")]
+        )  # fmt: skip
+        assert code == 0
+        lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+        predictions[name] = [json.loads(line)["prediction"] for line in lines]
+    assert predictions["fast"] == predictions["plain"]
+
     # Scores go into every ctx the reader read (top 4 by score); the others get None.
     records = toy_records["dev"][:4]
     records[0] = dict(records[0], ctxs=[dict(c, reader_score=123.0) for c in records[0]["ctxs"]])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from fid.config.loading import check_range
+from fid.config.loading import ConfigError, check_finite, check_range
 from fid.config.training import TrainingConfig
 
 
@@ -81,9 +81,51 @@ class EvalReaderConfig(GenerationConfig):
     Attributes:
         override_model_settings: use this config's `passage_max_tokens` even where the model
             folder records another (the model then reads inputs unlike its training's).
+        keep_passages: passage pruning (no retraining): after the first decoding step, only
+            the top this-many passages by that step's cross-attention are read for the rest of
+            the answer (None: all). fid.inference.accelerated_generation explains it.
+        keep_passages_by: the passage score that ranks them: "mean_logit" (what the retriever
+            is distilled from) or "attention_mass".
+        keep_tokens: token elimination (no retraining; Berchansky et al. 2023): the percentage
+            (0, 100] of each question's encoder tokens kept after `keep_tokens_step`, the top
+            ones by that step's cross-attention (None: all).
+        keep_tokens_step: the decoding step (1 = the first token) whose cross-attention ranks
+            the tokens; they are dropped from the next step on.
+        keep_tokens_layer: the decoder layer whose cross-attention ranks the tokens (0-based;
+            None: the mean over layers).
+        keep_tokens_by_value_norm: weight each token's attention by its value vector's norm.
     """
 
     override_model_settings: bool = False
+    keep_passages: int | None = None
+    keep_passages_by: Literal["mean_logit", "attention_mass"] = "mean_logit"
+    keep_tokens: float | None = None
+    keep_tokens_step: int = 1
+    keep_tokens_layer: int | None = None
+    keep_tokens_by_value_norm: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_range("keep_passages", self.keep_passages, low=1, allow_none=True)
+        if self.keep_tokens is not None:
+            check_finite("keep_tokens", self.keep_tokens)
+            if not 0 < self.keep_tokens <= 100:
+                raise ConfigError(
+                    f"keep_tokens = {self.keep_tokens!r} is out of range: expected a percentage "
+                    "in (0, 100]"
+                )
+        check_range("keep_tokens_step", self.keep_tokens_step, low=1)
+        check_range("keep_tokens_layer", self.keep_tokens_layer, low=0, allow_none=True)
+        if self.accelerated and self.num_beams > 1:
+            raise ConfigError(
+                f"keep_passages / keep_tokens apply to greedy decoding: num_beams = "
+                f"{self.num_beams} is not allowed with them (expected 1)"
+            )
+
+    @property
+    def accelerated(self) -> bool:
+        """Whether generation prunes passages or eliminates tokens."""
+        return self.keep_passages is not None or self.keep_tokens is not None
 
 
 @dataclass(frozen=True)

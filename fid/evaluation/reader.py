@@ -54,7 +54,7 @@ def eval_reader(
     with torch.no_grad(), autocast(device, cfg.precision):
         local = generate_answers(
             reader, tokenizer, collator, mine, cfg.eval_batch_size, cfg.max_new_tokens,
-            cfg.num_beams, device,
+            cfg.num_beams, device, acceleration=cfg,
         )  # fmt: skip
     predictions = distributed.gather_to_main(len(examples), local)
     if predictions is None:

@@ -13,6 +13,7 @@ import torch
 
 from fid.data.examples import Example
 from fid.data.reader_batches import ReaderCollator
+from fid.inference.accelerated_generation import accelerated_generate
 from fid.inference.batching import counted, length_sorted_batches
 from fid.models.reader import FiDReader
 
@@ -28,13 +29,24 @@ def generate_answers(
     max_new_tokens: int,
     num_beams: int,
     device: torch.device,
+    acceleration=None,
 ) -> list[str]:
-    """Generated answer strings, one per example, in input order."""
+    """Generated answer strings, one per example, in input order.
+
+    `acceleration`: an EvalReaderConfig whose passage pruning or token elimination is on
+    (fid.inference.accelerated_generation), or None for plain generation."""
     predictions: list[str | None] = [None] * len(examples)
     batches = length_sorted_batches(collator, examples, batch_size)
     for indices in counted(batches, "generate", logger):
         batch = collator([examples[i] for i in indices]).to(device)
-        output = reader.generate(batch.input_ids, batch.attention_mask, max_new_tokens, num_beams)
+        if acceleration is not None and acceleration.accelerated:
+            output = accelerated_generate(
+                reader, batch.input_ids, batch.attention_mask, max_new_tokens, acceleration
+            )
+        else:
+            output = reader.generate(
+                batch.input_ids, batch.attention_mask, max_new_tokens, num_beams
+            )
         texts = tokenizer.batch_decode(output, skip_special_tokens=True)
         for i, text in zip(indices, texts, strict=True):
             predictions[i] = text.strip()
