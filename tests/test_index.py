@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import faiss
 import numpy as np
@@ -359,3 +360,131 @@ def test_build_rejects_bad_input():
         PassageIndex.build(unit_vectors(2, 8), ["p0", "p0"], IndexConfig(), MODEL)
     with pytest.raises(ValueError, match="zero passages"):
         PassageIndex.build(np.zeros((0, 8), np.float32), [], IndexConfig(), MODEL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compressed indexes re-ranked from float16 vectors on disk (fid.retrieval.rerank)
+
+
+def _rows_of_flat(vectors, queries, k, metric="inner_product"):
+    """Flat's (scores, rows) over the float16 values that a re-ranked index stores."""
+    flat = PassageIndex.build(vectors.astype(np.float16).astype(np.float32), passage_ids(N),
+                              IndexConfig(metric=metric), MODEL)  # fmt: skip
+    scores, ranked = flat.search_rows(queries, k)
+    return scores, ranked.rows
+
+
+@pytest.mark.parametrize("metric", ["inner_product", "l2"])
+@pytest.mark.parametrize("factory", ["PQ8", "IVF16,PQ8x4fs", "PCAR16,SQ8"])
+def test_rerank_with_every_passage_shortlisted_is_flat(vectors, factory, metric):
+    # The shortlist holds every passage (nprobe = nlist), so re-scoring them exactly from the
+    # float16 vectors must give Flat's ranking of those float16 values, whatever the codes.
+    queries = unit_vectors(40, D, seed=3)
+    cfg = IndexConfig(factory, metric=metric, nprobe=16, rerank=True, shortlist=N)
+    index = PassageIndex.build(vectors, passage_ids(N), cfg, MODEL)
+    scores, ranked = index.search_rows(queries, 20)
+    flat_scores, flat_rows = _rows_of_flat(vectors, queries, 20, metric)
+    np.testing.assert_array_equal(ranked.rows, flat_rows)
+    np.testing.assert_allclose(scores, flat_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_rerank_recovers_flat_top_k_from_a_short_shortlist(vectors):
+    queries = unit_vectors(40, D, seed=4)
+    _, flat_rows = _rows_of_flat(vectors, queries, 10)
+
+    def recall(index):
+        rows = index.search_rows(queries, 10)[1].rows
+        return np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, flat_rows, strict=True)])
+
+    cfg = IndexConfig("IVF16,PQ8", nprobe=16)  # every list: what is lost, PQ lost
+    plain = PassageIndex.build(vectors, passage_ids(N), cfg, MODEL)
+    reranked = PassageIndex.build(vectors, passage_ids(N), replace(cfg, rerank=True), MODEL)
+    reranked.set_search_params(shortlist=200)  # 10% of the passages
+    assert recall(plain) < 0.8 < 0.99 <= recall(reranked)  # measured 0.62 and 1.0
+    # A shortlist of k only re-orders what the codes found.
+    reranked.set_search_params(shortlist=10)
+    assert recall(reranked) == pytest.approx(recall(plain))
+
+
+def test_compressed_factories_get_their_search_knobs(vectors):
+    # OPQ rotation + IVF with an HNSW coarse quantizer + PQ: nprobe reaches the IVF through the
+    # pre-transform, ef_search the quantizer's graph; fast-scan IVF takes nprobe too.
+    cfg = IndexConfig("OPQ8_32,IVF16_HNSW32,PQ8", train_sample=1000, nprobe=3, ef_search=9,
+                      rerank=True, shortlist=50)  # fmt: skip
+    opq = PassageIndex.build(vectors, passage_ids(N), cfg, MODEL)
+    opq.search(vectors[:2], 10)
+    ivf = faiss.extract_index_ivf(opq.index)
+    assert (ivf.nprobe, faiss.downcast_index(ivf.quantizer).hnsw.efSearch) == (3, 9)
+    opq.set_search_params(nprobe=5, ef_search=11)
+    _, found = opq.search(vectors[:20], 1)
+    assert (ivf.nprobe, faiss.downcast_index(ivf.quantizer).hnsw.efSearch) == (5, 11)
+    assert [row[0] for row in found] == passage_ids(20)  # exact re-scoring: itself first
+
+    fast = PassageIndex.build(vectors, passage_ids(N), IndexConfig("IVF16,PQ8x4fs", nprobe=4),
+                              MODEL)  # fmt: skip
+    fast.search(vectors[:2], 1)
+    assert isinstance(fast.index, faiss.IndexIVFPQFastScan) and fast.index.nprobe == 4
+
+
+def test_rerank_round_trip_from_shards_maps_the_vectors(tmp_path, vectors):
+    from fid.retrieval.index import build_index
+
+    prefixes = save_shards(tmp_path / "shards", vectors, passage_ids(N), 3)
+    cfg = IndexConfig("IVF16,PQ8", metric="l2", nprobe=4, rerank=True, shortlist=64,
+                      add_batch_size=700)  # fmt: skip
+    built = build_index(cfg, prefixes, tmp_path / "index")
+    stored = np.load(tmp_path / "index" / "vectors.npy")
+    np.testing.assert_array_equal(stored, vectors.astype(np.float16))  # every shard, in order
+    meta = json.loads((tmp_path / "index" / "meta.json").read_text())
+    assert (meta["rerank"], meta["shortlist"]) == (True, 64)
+
+    loaded = PassageIndex.load(tmp_path / "index", expected_dim=D)
+    assert isinstance(loaded.vectors, np.memmap) and loaded.vectors.dtype == np.float16
+    assert (loaded.cfg.rerank, loaded.cfg.shortlist, loaded.cfg.nprobe) == (True, 64, 4)
+    queries = unit_vectors(30, D, seed=5)
+    scores, found = built.search(queries, 10)
+    loaded_scores, loaded_found = loaded.search(queries, 10)
+    np.testing.assert_array_equal(loaded_scores, scores)
+    assert loaded_found == found
+
+
+def test_truncated_or_mismatched_vectors_file(tmp_path, vectors):
+    cfg = IndexConfig("SQ8", rerank=True, shortlist=20)
+    PassageIndex.build(vectors[:300], passage_ids(300), cfg, MODEL).save(tmp_path / "index")
+    path = tmp_path / "index" / "vectors.npy"
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) - 64])  # a copy cut short
+    with pytest.raises(DataError, match=r"vectors\.npy: not a complete float16 \.npy"):
+        PassageIndex.load(tmp_path / "index")
+    np.save(path, vectors[:299].astype(np.float16))  # another index's vectors
+    with pytest.raises(DataError, match=r"holds float16 \(299, 32\).*expected float16 \(300, 32\)"):
+        PassageIndex.load(tmp_path / "index")
+    np.save(path, vectors[:300])  # float32
+    with pytest.raises(DataError, match=r"holds float32"):
+        PassageIndex.load(tmp_path / "index")
+    path.unlink()
+    with pytest.raises(DataError, match=r"vectors\.npy: missing.*rerank: true"):
+        PassageIndex.load(tmp_path / "index")
+
+
+def test_bad_rerank_knobs_are_config_errors(vectors):
+    from fid.config import RetrieveConfig
+
+    with pytest.raises(ConfigError, match="shortlist = 0 is out of range"):
+        IndexConfig(shortlist=0)
+    with pytest.raises(ConfigError, match="rerank"):
+        config_from_dict({"rerank": "yes"}, IndexConfig)
+    with pytest.raises(ConfigError, match="shortlist = 50 is smaller than top_k = 100"):
+        RetrieveConfig(top_k=100, shortlist=50)
+    assert RetrieveConfig(top_k=100, shortlist=100).shortlist == 100
+
+    plain = PassageIndex.build(vectors[:300], passage_ids(300), IndexConfig("SQ8"), MODEL)
+    with pytest.raises(ConfigError, match=r"shortlist = 500 needs an index built with rerank"):
+        plain.set_search_params(shortlist=500)
+    reranked = PassageIndex.build(
+        vectors[:300], passage_ids(300), IndexConfig("SQ8", rerank=True, shortlist=5), MODEL
+    )
+    with pytest.raises(ConfigError, match=r"shortlist = 5 is smaller than the 10 passages"):
+        reranked.search(vectors[:2], 10)
+    assert reranked.candidates_for(5) == 5
+    assert reranked.candidates_for(1) == 5

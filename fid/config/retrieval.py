@@ -263,6 +263,14 @@ class IndexConfig:
         nprobe: inverted lists visited per query by IVF indexes.
         ef_search: candidate list size of HNSW graphs (also an HNSW coarse quantizer's).
         seed: seeds the training sample.
+        rerank: also keep every vector as float16 in `vectors.npy` beside the index
+            (memory-mapped, not in RAM) and re-score each query's `shortlist` candidates from
+            the compressed index exactly (fid.retrieval.rerank). For compressed factories
+            ("OPQ64_256,IVF65536_HNSW32,PQ64", "IVF4096,PQ64x4fs", "PCAR128,SQ8", ...);
+            pointless for "Flat", which is exact already.
+        shortlist: candidates per query fetched from the compressed index and re-scored when
+            `rerank` (the default of every search; `retrieve.shortlist` overrides it). It must
+            be >= the passages wanted per query (retrieve.top_k).
     """
 
     factory: str = "Flat"
@@ -272,6 +280,8 @@ class IndexConfig:
     nprobe: int = 16
     ef_search: int = 128
     seed: int = 0
+    rerank: bool = False
+    shortlist: int = 1000
 
     def __post_init__(self):
         if not isinstance(self.factory, str) or not self.factory.strip():
@@ -288,6 +298,9 @@ class IndexConfig:
         check_range("add_batch_size", self.add_batch_size, low=1)
         check_range("nprobe", self.nprobe, low=1)
         check_range("ef_search", self.ef_search, low=1)
+        if not isinstance(self.rerank, bool):
+            raise ConfigError(f"rerank = {self.rerank!r} is not allowed: expected true or false")
+        check_range("shortlist", self.shortlist, low=1)
 
 
 @dataclass(frozen=True)
@@ -300,6 +313,9 @@ class RetrieveConfig:
         question_max_tokens: truncation of questions; None (the default) takes the
             retriever's own, as `EmbedPassagesConfig.passage_max_tokens`.
         nprobe, ef_search: IVF / HNSW search breadth; None keeps the index's own settings.
+        shortlist: candidates per question re-scored exactly by an index built with
+            `rerank: true` (>= top_k); None keeps the index's own. An error for an index
+            without re-ranking vectors.
         has_answer_mode: DPR's "string" rule, or "regex" for answers given as patterns.
         precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
         override_model_settings: use this config's `question_max_tokens` over the model's.
@@ -312,6 +328,7 @@ class RetrieveConfig:
     question_max_tokens: int | None = None
     nprobe: int | None = None
     ef_search: int | None = None
+    shortlist: int | None = None
     has_answer_mode: Literal["string", "regex"] = "string"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     override_model_settings: bool = False
@@ -323,6 +340,12 @@ class RetrieveConfig:
         check_range("question_max_tokens", self.question_max_tokens, low=4, allow_none=True)
         check_range("nprobe", self.nprobe, low=1, allow_none=True)
         check_range("ef_search", self.ef_search, low=1, allow_none=True)
+        check_range("shortlist", self.shortlist, low=1, allow_none=True)
+        if self.shortlist is not None and self.shortlist < self.top_k:
+            raise ConfigError(
+                f"shortlist = {self.shortlist} is smaller than top_k = {self.top_k}: expected "
+                "shortlist >= top_k (the re-ranked index keeps the best top_k of the shortlist)"
+            )
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,20 @@ def search_dense(model, encode, index, questions, cfg, device):
     vectors = encode_questions(
         model, encode, [q["question"] for q in questions], cfg.batch_size, device, cfg.precision
     )
-    if cfg.nprobe is not None or cfg.ef_search is not None:
-        index.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search)
+    set_search_knobs(index, cfg)
     return index.search_rows(vectors, cfg.top_k)
+
+
+def set_search_knobs(index: PassageIndex, cfg: RetrieveConfig) -> None:
+    """Applies the section's nprobe / ef_search / shortlist to the index (None keeps the
+    index's own, from build_index).
+
+    Raises:
+        ConfigError: for a shortlist on an index built without `rerank`, or an index whose
+            shortlist is smaller than top_k: before any question is encoded.
+    """
+    index.set_search_params(nprobe=cfg.nprobe, ef_search=cfg.ef_search, shortlist=cfg.shortlist)
+    index.candidates_for(cfg.top_k)
 
 
 def retrieve(
@@ -97,6 +108,7 @@ def retrieve(
         model_path, cfg.question_max_tokens, None, device, override=cfg.override_model_settings
     )
     index = PassageIndex.load(index_path, expected_dim=retriever.dim)
+    set_search_knobs(index, cfg)
     if cfg.list_format == "compact":
         scores, ranked = search_dense(retriever, encode, index, questions, cfg, device)
         if distributed.is_main():

@@ -1,12 +1,20 @@
 """The faiss index over passage embeddings (built from the shards of fid.retrieval.embeddings).
 
 A `PassageIndex` folder holds `index.faiss` (`faiss.write_index`), `ids.npy` (row i of the faiss
-index is passage `ids[i]`) and `meta.json` (dim, metric, count, model, factory, search knobs,
-faiss version, build time).
+index is passage `ids[i]`), `meta.json` (dim, metric, count, model, factory, search knobs,
+faiss version, build time) and, for an index built with `rerank: true`, `vectors.npy`: every
+passage vector as float16, memory-mapped when loaded (fid.retrieval.rerank).
 
 Any faiss `index_factory` string can be built ("Flat", "HNSW32", "IVF4096,PQ64", "SQ8", ...); see
 https://github.com/facebookresearch/faiss/wiki/The-index-factory and, for choosing one,
-https://github.com/facebookresearch/faiss/wiki/Guidelines-to-choose-an-index.
+https://github.com/facebookresearch/faiss/wiki/Guidelines-to-choose-an-index. Compressed ones
+keep a few dozen bytes per passage ("OPQ64_256,IVF65536_HNSW32,PQ64": an OPQ rotation, an IVF
+whose 65536 centroids are searched by an HNSW graph, 64-byte PQ codes; "IVF4096,PQ64x4fs":
+fast-scan 4-bit PQ, 32 bytes; "PCAR128,SQ8": 128 bytes). They are trained on a seeded sample
+of `train_sample` vectors and filled `add_batch_size` vectors at a time, from memory-mapped
+embedding shards: memory holds the index and one batch. With `rerank`, a search takes
+`shortlist` candidates per query from the compressed index and re-scores them exactly from
+`vectors.npy`; config/README.md ("Compressed passage index") measures the choices.
 Scores are always "higher is better": inner products as they are, and for the l2 metric the
 negated squared distance.
 """
@@ -32,6 +40,7 @@ from fid.retrieval.embeddings import (
     load_embedding_shards,
     load_npy,
 )
+from fid.retrieval.rerank import VECTORS_FILE, RowSource, open_vectors, rescore, write_vectors
 from fid.runtime.fileio import atomic_directory
 from fid.runtime.progress import progress
 
@@ -89,6 +98,9 @@ class PassageIndex:
         cfg: the index configuration (its search knobs are applied at every search).
         model: name or path of the encoder that produced the embeddings.
         build_seconds: how long building took (None if unknown).
+        vectors: with `cfg.rerank`, the (count, D) passage vectors that re-score shortlists:
+            float16 memory-mapped from `vectors.npy` once loaded; after `build`, the
+            embeddings it was built from (float16 values), written out by `save`.
     """
 
     def __init__(
@@ -98,9 +110,12 @@ class PassageIndex:
         cfg: IndexConfig,
         model: str,
         build_seconds: float | None = None,
+        vectors: RowSource | None = None,
     ):
         assert index.ntotal == len(ids), (index.ntotal, len(ids))
+        assert (vectors is not None) == cfg.rerank, "vectors are needed exactly when rerank"
         self.index = index
+        self.vectors = vectors
         self.ids = np.asarray(ids, dtype=str)
         self.cfg = cfg
         self.model = model
@@ -131,9 +146,10 @@ class PassageIndex:
         return self.cfg.metric
 
     def __repr__(self) -> str:
+        rerank = f", rerank shortlist={self.cfg.shortlist}" if self.cfg.rerank else ""
         return (
             f"PassageIndex(factory={self.cfg.factory!r}, metric={self.metric!r}, "
-            f"dim={self.dim}, count={self.count}, model={self.model!r})"
+            f"dim={self.dim}, count={self.count}, model={self.model!r}{rerank})"
         )
 
     @classmethod
@@ -148,7 +164,8 @@ class PassageIndex:
 
         Args:
             embeddings: (N, D) float16 or float32 passage embeddings, or memory-mapped shards
-                (rows are read a batch at a time).
+                (rows are read a batch at a time). With `cfg.rerank` the index keeps them for
+                re-scoring (an array as float16, shards as they are) until `save` writes them.
             ids: the N passage ids, unique, in the row order of `embeddings`.
             cfg: the index configuration.
             model: name or path of the encoder that produced the embeddings.
@@ -195,15 +212,36 @@ class PassageIndex:
             dim,
             seconds,
         )
-        return cls(index, ids, cfg, model, build_seconds=seconds)
+        vectors = None
+        if cfg.rerank:
+            if cfg.factory.strip() == "Flat":
+                logger.warning("rerank: true with factory = 'Flat': Flat is exact already")
+            # Float16 values, as `save` writes and `load` maps them: a built and a loaded index
+            # score alike. Shards are float16 already (read as float32 rows of those values).
+            vectors = embeddings
+            if not isinstance(embeddings, ShardedEmbeddings):
+                vectors = np.asarray(embeddings, dtype=np.float16)
+        return cls(index, ids, cfg, model, build_seconds=seconds, vectors=vectors)
 
-    def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
-        """Changes the search knobs (e.g. of a loaded index) without rebuilding.
+    def set_search_params(
+        self,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        shortlist: int | None = None,
+    ) -> None:
+        """Changes the search knobs (e.g. of a loaded index) without rebuilding; None keeps one.
 
         Raises:
-            ConfigError: for values out of range.
+            ConfigError: for values out of range, or a shortlist for an index built without
+                `rerank` (it has no vectors to re-score with).
         """
-        changes = {"nprobe": nprobe, "ef_search": ef_search}
+        if shortlist is not None and not self.cfg.rerank:
+            raise ConfigError(
+                f"shortlist = {shortlist} needs an index built with rerank: true, but this "
+                f"{self.cfg.factory!r} index has no re-ranking vectors ({VECTORS_FILE}). Hint: "
+                "drop retrieve.shortlist, or rebuild with build_index.rerank: true"
+            )
+        changes = {"nprobe": nprobe, "ef_search": ef_search, "shortlist": shortlist}
         self.cfg = replace(self.cfg, **{k: v for k, v in changes.items() if v is not None})
 
     def _apply_search_params(self) -> None:
@@ -217,6 +255,23 @@ class PassageIndex:
         for name, value in values.items():
             if name in self._knobs:
                 self._space.set_index_parameter(self.index, name, value)
+
+    def candidates_for(self, k: int) -> int:
+        """How many passages a search for the k best fetches from the faiss index per query:
+        min(k, count), or with `rerank` min(shortlist, count).
+
+        Raises:
+            ConfigError: with `rerank`, for a shortlist smaller than k.
+        """
+        if not self.cfg.rerank:
+            return min(k, self.count)
+        if self.cfg.shortlist < min(k, self.count):
+            raise ConfigError(
+                f"shortlist = {self.cfg.shortlist} is smaller than the {k} passages wanted per "
+                "query: expected shortlist >= top_k (set retrieve.shortlist, or "
+                "build_index.shortlist for the index's default)"
+            )
+        return min(self.cfg.shortlist, self.count)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         """`search_rows` with each query's passage ids as a list (for a few queries: a list
@@ -234,18 +289,22 @@ class PassageIndex:
         Returns:
             (scores, ranked): scores (Q, K) float32 with K = min(k, count), best first ("higher
             is better": the inner product, or minus the squared L2 distance), and each query's
-            passage ids (`RankedIds`: index rows, mapped to ids when read). An approximate index can find fewer than K passages
-            for a query (IVF with a small nprobe): its list is then shorter and the missing
-            scores are -inf.
+            passage ids (`RankedIds`: index rows, mapped to ids when read). An approximate
+            index can find fewer than K passages for a query (IVF with a small nprobe): its
+            list is then shorter and the missing scores are -inf. With `rerank`, the scores
+            are exact (from the float16 vectors) and the passages the best K of the
+            compressed index's `shortlist` candidates.
 
         Raises:
             ValueError: for queries that are not (Q, D) with the index's D, or k < 1.
+            ConfigError: with `rerank`, for a shortlist smaller than k.
         """
         if queries.ndim != 2 or queries.shape[1] != self.dim:
             dims = f"d={queries.shape[-1]}" if queries.ndim == 2 else f"shape {queries.shape}"
             raise DataError(f"index built for d={self.dim}, queries have {dims}")
         if k < 1:
             raise ValueError(f"k = {k} is out of range: expected >= 1")
+        fetch = self.candidates_for(k)
         k = min(k, self.count)
         self._apply_search_params()
         # Exhaustive search uses faiss's BLAS kernel only for large query batches (faiss 1.15:
@@ -262,21 +321,26 @@ class PassageIndex:
             with progress(desc="search", unit="queries", total=len(queries), log=logger) as bar:
                 for lo in range(0, len(queries), size):
                     chunk = np.ascontiguousarray(queries[lo : lo + size], np.float32)
-                    parts.append(self.index.search(chunk, k))
+                    found, rows = self.index.search(chunk, fetch)  # (C, fetch) each
+                    if self.cfg.metric == "l2":
+                        found = -found
+                    if self.cfg.rerank:
+                        # Exact scores of the chunk's shortlists: (C, k) each.
+                        found, rows = rescore(self.vectors, chunk, rows, k, self.cfg.metric)
+                    parts.append((found, rows))
                     bar.update(len(chunk))
         finally:
             faiss.cvar.distance_compute_blas_threshold = previous
         scores = np.concatenate([s for s, _ in parts]) if parts else np.empty((0, k), np.float32)
         rows = np.concatenate([r for _, r in parts]) if parts else np.empty((0, k), np.int64)
         # (Q, K) each
-        if self.cfg.metric == "l2":
-            scores = -scores
         found = rows >= 0  # faiss pads missing results with row -1 at the end of each list
         scores[~found] = -np.inf
         return scores, RankedIds(np.where(found, rows, -1), self.ids)
 
     def save(self, folder: str | Path) -> None:
-        """Writes `index.faiss`, `ids.npy` and `meta.json` to `folder`, atomically.
+        """Writes `index.faiss`, `ids.npy`, `meta.json` and, with `rerank`, `vectors.npy`
+        (float16, `add_batch_size` rows at a time) to `folder`, atomically.
 
         Args:
             folder: replaced as a whole: a reader sees the old index, the new one or none.
@@ -289,6 +353,8 @@ class PassageIndex:
             "factory": self.cfg.factory,
             "nprobe": self.cfg.nprobe,
             "ef_search": self.cfg.ef_search,
+            "rerank": self.cfg.rerank,
+            "shortlist": self.cfg.shortlist,
             "faiss_version": faiss.__version__,
             "build_seconds": self.build_seconds,
         }
@@ -296,6 +362,8 @@ class PassageIndex:
             faiss.write_index(self.index, str(tmp / INDEX_FILE))
             with open(tmp / IDS_FILE, "wb") as handle:
                 np.save(handle, self.ids, allow_pickle=False)
+            if self.cfg.rerank:
+                write_vectors(tmp / VECTORS_FILE, self.vectors, self.cfg.add_batch_size)
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         logger.info("saved %r to %s", self, folder)
 
@@ -315,8 +383,8 @@ class PassageIndex:
                 (the same weights may sit under another path).
 
         Raises:
-            DataError: for a missing folder or file, files that disagree, or a dim other than
-                `expected_dim`.
+            DataError: for a missing folder or file, files that disagree (a `vectors.npy` of
+                another shape, or truncated, too), or a dim other than `expected_dim`.
         """
         folder = Path(folder)
         if not folder.is_dir():
@@ -370,13 +438,22 @@ class PassageIndex:
                 f"{folder}: {META_FILE} says metric {meta['metric']!r}, "
                 f"{INDEX_FILE} has faiss metric type {index.metric_type}"
             )
+        # Folders written before re-ranking existed have neither key: no vectors.
+        rerank = meta.get("rerank", False)
         cfg = IndexConfig(
             factory=meta["factory"],
             metric=meta["metric"],
             nprobe=meta["nprobe"],
             ef_search=meta["ef_search"],
+            rerank=rerank,
+            shortlist=meta.get("shortlist", IndexConfig.shortlist),
         )
-        loaded = cls(index, ids, cfg, meta["model"], build_seconds=meta.get("build_seconds"))
+        vectors = (
+            open_vectors(folder / VECTORS_FILE, meta["count"], meta["dim"]) if rerank else None
+        )
+        loaded = cls(
+            index, ids, cfg, meta["model"], build_seconds=meta.get("build_seconds"), vectors=vectors
+        )
         logger.info("loaded %r from %s", loaded, folder)
         return loaded
 
