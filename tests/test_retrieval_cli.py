@@ -93,6 +93,26 @@ def test_dense_minilm_three_shards_equal_one(tmp_path, minilm, monkeypatch):
     print("MiniLM dense retrieval on squad-open-tiny:", metrics["accuracy"])
     assert metrics["accuracy"]["20"] >= 80.0, metrics  # a real pretrained encoder, exact index
 
+    # A compressed index (PCA to 32 dims, 4-bit codes) re-ranked from the float16 vectors:
+    # with every passage shortlisted, `retrieve` writes Flat's lists (the same float16 values).
+    (tmp_path / "compressed.yaml").write_text("factory: PCAR32,SQ4\nrerank: true\n")
+    assert _run("build-index", "--config", tmp_path / "compressed.yaml", "--shards",
+                *[tmp_path / "sorted3" / f"shard{k}" for k in range(3)],
+                "--output", tmp_path / "compressed-index") == 0  # fmt: skip
+    assert (tmp_path / "compressed-index" / "vectors.npy").is_file()
+    (tmp_path / "rerank.yaml").write_text("top_k: 20\nshortlist: 167\n")
+    assert _run("retrieve", "--config", tmp_path / "rerank.yaml", "--model", model,
+                "--index", tmp_path / "compressed-index", "--passages", SQUAD / "psgs_w100.tsv",
+                "--questions", SQUAD / "questions.jsonl",
+                "--output", tmp_path / "reranked.json") == 0  # fmt: skip
+    exact = json.loads((tmp_path / "dense.json").read_text())
+    reranked = json.loads((tmp_path / "reranked.json").read_text())
+    assert [[c["id"] for c in r["ctxs"]] for r in reranked] == [
+        [c["id"] for c in r["ctxs"]] for r in exact
+    ]
+    np.testing.assert_allclose([c["score"] for r in reranked for c in r["ctxs"]],
+                               [c["score"] for r in exact for c in r["ctxs"]], rtol=1e-5)  # fmt: skip
+
 
 def test_bad_inputs(tmp_path, minilm, bm25_run, caplog, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -118,6 +138,22 @@ def test_bad_inputs(tmp_path, minilm, bm25_run, caplog, monkeypatch):
                 SQUAD / "psgs_w100.tsv", "--questions", SQUAD / "questions.jsonl",
                 "--output", tmp_path / "o.json") == 1  # fmt: skip
     assert "d=8" in caplog.text and "384" in caplog.text and not (tmp_path / "o.json").exists()
+
+    # Re-ranking knobs: a shortlist below top_k, or for an index without vectors, stops the
+    # job before any question is encoded.
+    plain = PassageIndex.build(rng.standard_normal((10, 384)).astype(np.float32),
+                               [str(i) for i in range(10)], IndexConfig(), model="tiny")  # fmt: skip
+    plain.save(tmp_path / "plain_index")
+    for config, message in [
+        ("top_k: 20\nshortlist: 10\n", "shortlist = 10 is smaller than top_k = 20"),
+        ("top_k: 5\nshortlist: 10\n", "shortlist = 10 needs an index built with rerank: true"),
+    ]:
+        (tmp_path / "knobs.yaml").write_text(config)
+        assert _run("retrieve", "--config", tmp_path / "knobs.yaml", "--model", minilm,
+                    "--index", tmp_path / "plain_index", "--passages", SQUAD / "psgs_w100.tsv",
+                    "--questions", SQUAD / "questions.jsonl",
+                    "--output", tmp_path / "o.json") == 1  # fmt: skip
+        assert message in caplog.text and not (tmp_path / "o.json").exists()
 
 
 def test_unlabeled_questions(tmp_path, bm25_run, caplog):

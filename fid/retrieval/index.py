@@ -425,7 +425,10 @@ class PassageIndex:
             raise DataError(
                 f"{folder / INDEX_FILE}: cannot read: {_faiss_message(error)}"
             ) from None
-        ids = load_npy(folder / IDS_FILE)
+        # Memory-mapped: a search reads only the ids of the rows it found, and at 21M passages
+        # the array (unicode, 4 bytes a character: 32 B a DPR id) is 0.7 GB, half of what a
+        # compressed index of 256-d vectors may take (config/README.md).
+        ids = load_npy(folder / IDS_FILE, mmap=True)
         if ids.ndim != 1 or ids.dtype.kind != "U":
             raise DataError(f"{folder / IDS_FILE}: expected a 1-D unicode array, got {ids.dtype}")
         if not index.ntotal == len(ids) == meta["count"] or index.d != meta["dim"]:
