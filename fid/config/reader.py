@@ -31,6 +31,11 @@ class ReaderInputConfig:
             "bf16" (autocast) or "fp16" (autocast + loss scaling; GPU only).
         attention: T5's attention kernel: "auto" is "eager" on CPU (measured faster there than
             "sdpa": 0.84 vs 1.14 s per step at 100 passages, bf16) and "sdpa" on GPU.
+        light_tokens: FiD-Light (fid.models.reader_variants): the decoder reads only the first
+            this-many encoder vectors of each passage. Set by training and recorded in the
+            model folder like `passage_max_tokens`: eval and scoring use the model's (None); a
+            different value here is an error unless `override_model_settings`. On a model that
+            records none it reads a plain reader light without fine-tuning.
     """
 
     n_passages: int = 100
@@ -40,11 +45,13 @@ class ReaderInputConfig:
     pad_to_max_length: bool = False
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     attention: Literal["auto", "eager", "sdpa"] = "auto"
+    light_tokens: int | None = None
 
     def __post_init__(self):
         check_range("n_passages", self.n_passages, low=1)
         check_range("passage_max_tokens", self.passage_max_tokens, low=8, allow_none=True)
         check_range("encoder_buckets", self.encoder_buckets, low=1)
+        check_range("light_tokens", self.light_tokens, low=1, allow_none=True)
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,13 @@ class ReaderTrainConfig(TrainingConfig, GenerationConfig):
         activation_checkpointing: recompute activations in the backward pass (training only).
         dropout: overrides the model's dropout rate when set.
         eval_max_questions: evaluate on the first this-many dev questions (None = all).
+        light_tokens: FiD-Light: fine-tune (and dev-evaluate) the reader reading only the first
+            this-many encoder vectors of each passage (None: all, whatever the start model
+            read); recorded in the exported model folder.
+        cross_attention_every: FiDO's layer-sparse cross-attention: keep it in decoder layers
+            0, K, 2K, ... only (1: every layer; at most the decoder's layer count). Removed
+            layers cannot come back: from a model fine-tuned with K0, K must be a multiple of
+            K0. Recorded in the exported folder, whose weights lack the removed sublayers.
     """
 
     renamed_keys: ClassVar[dict[str, str]] = {
@@ -176,10 +190,12 @@ class ReaderTrainConfig(TrainingConfig, GenerationConfig):
     activation_checkpointing: bool = True
     dropout: float | None = None
     eval_max_questions: int | None = None
+    cross_attention_every: int = 1
 
     def __post_init__(self):
         TrainingConfig.__post_init__(self)
         GenerationConfig.__post_init__(self)
+        check_range("cross_attention_every", self.cross_attention_every, low=1)
         check_range("passage_max_tokens", self.passage_max_tokens, low=8)
         check_range("target_max_tokens", self.target_max_tokens, low=2, allow_none=True)
         check_range("dropout", self.dropout, low=0.0, high=1.0, allow_none=True)

@@ -25,8 +25,10 @@ def reader_and_collator(cfg, model_path: Path, device: torch.device):
     """The reader of a folder in eval mode on `device`, its tokenizer and a collator of `cfg`'s
     reader inputs (`cfg`: an EvalReaderConfig or ScorePassagesConfig).
 
-    The passage length is the model's own (`fid_reader.json`, written by training); a config
-    value that differs is refused unless `cfg.override_model_settings` (fid.models.settings).
+    The passage length and FiD-Light's `light_tokens` are the model's own (`fid_reader.json`,
+    written by training); a config value that differs is refused unless
+    `cfg.override_model_settings` (fid.models.settings). A FiDO model's decoder is rebuilt as
+    recorded. A plain model read with `light_tokens` is FiD-Light without fine-tuning.
     """
     check_reader(model_path)
     settings = ReaderSettings.load(model_path) if Path(model_path).is_dir() else ReaderSettings()
@@ -38,7 +40,16 @@ def reader_and_collator(cfg, model_path: Path, device: torch.device):
         override=cfg.override_model_settings,
         default=DEFAULT_PASSAGE_MAX_TOKENS,
     )
-    reader, tokenizer = load_reader(str(model_path), cfg.encoder_buckets, cfg.pack_passages)
+    light_tokens = resolve_setting(
+        "light_tokens",
+        settings.light_tokens,
+        cfg.light_tokens,
+        model=model_path,
+        override=cfg.override_model_settings,
+    )
+    reader, tokenizer = load_reader(
+        str(model_path), cfg.encoder_buckets, cfg.pack_passages, light_tokens=light_tokens
+    )
     reader.to(device).eval()
     reader.set_attention(cfg.attention, device)
     collator = ReaderCollator(

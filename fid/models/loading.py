@@ -12,6 +12,7 @@ from transformers.utils import logging as transformers_logging
 
 from fid.models.folder_checks import ModelFolderError, check_retriever
 from fid.models.reader import CROSS_ATTENTION_BIAS, FiDReader, add_cross_attention_bias
+from fid.models.reader_variants import remove_cross_attention, removed_weight_prefixes
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.models.settings import READER_SETTINGS_FILE, ReaderSettings, resolve_setting
 
@@ -21,10 +22,33 @@ DEFAULT_PASSAGE_MAX_TOKENS = 200
 
 
 def load_reader(
-    name_or_path: str, encoder_buckets: int, pack_passages: bool, dropout: float | None = None
+    name_or_path: str,
+    encoder_buckets: int,
+    pack_passages: bool,
+    dropout: float | None = None,
+    *,
+    light_tokens: int | None = None,
+    cross_attention_every: int | None = None,
 ) -> tuple[FiDReader, object]:
-    """A FiD reader and its tokenizer from a hub name or a local folder (with the cross-attention
-    bias of a released checkpoint when its folder records one: fid.models.settings)."""
+    """A FiD reader and its tokenizer from a hub name or a local folder, built as its folder
+    records (`load_t5`).
+
+    `light_tokens` is the reader's (the caller resolves it against the folder's record);
+    `cross_attention_every` removes more cross-attention layers (None: the folder's layers).
+    """
+    t5 = load_t5(name_or_path, dropout)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    reader = FiDReader(
+        t5, encoder_buckets, pack_passages, light_tokens=light_tokens,
+        cross_attention_every=cross_attention_every,
+    )  # fmt: skip
+    return reader, tokenizer
+
+
+def load_t5(name_or_path: str, dropout: float | None = None) -> T5ForConditionalGeneration:
+    """A reader's T5 from a hub name or a local folder, built as its folder records
+    (fid.models.settings): with the cross-attention bias of a released checkpoint, or FiDO's
+    layer-sparse decoder."""
     overrides = {} if dropout is None else {"dropout_rate": dropout}
     folder = Path(name_or_path)
     settings = ReaderSettings.load(folder) if folder.is_dir() else ReaderSettings()
@@ -32,10 +56,33 @@ def load_reader(
         with _quiet_transformers():  # the bias is an "unused" key to transformers: it is ours
             t5 = T5ForConditionalGeneration.from_pretrained(name_or_path, **overrides)
         add_cross_attention_bias(t5, _tensor(folder / "model.safetensors", CROSS_ATTENTION_BIAS))
-    else:
-        t5 = T5ForConditionalGeneration.from_pretrained(name_or_path, **overrides)
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    return FiDReader(t5, encoder_buckets, pack_passages), tokenizer
+        return t5
+    if settings.cross_attention_every > 1:
+        return _layer_sparse_t5(name_or_path, settings.cross_attention_every, overrides)
+    return T5ForConditionalGeneration.from_pretrained(name_or_path, **overrides)
+
+
+def _layer_sparse_t5(name_or_path: str, every: int, overrides: dict) -> T5ForConditionalGeneration:
+    """A FiDO folder's T5: the dense model loaded (transformers initialises the cross-attention
+    sublayers whose weights the folder lacks), then those sublayers removed again.
+
+    Raises:
+        ModelFolderError: the folder lacks other weights, or has unknown ones.
+    """
+    with _quiet_transformers():  # the removed layers' weights are "missing": by design
+        t5, info = T5ForConditionalGeneration.from_pretrained(
+            name_or_path, output_loading_info=True, **overrides
+        )
+    removed = tuple(removed_weight_prefixes(every, len(t5.decoder.block)))
+    wrong = sorted(k for k in info["missing_keys"] if not k.startswith(removed))
+    wrong += sorted(info["unexpected_keys"]) + sorted(info["mismatched_keys"])
+    if wrong:
+        raise ModelFolderError(
+            f"{name_or_path}: its weights do not fit a decoder with cross-attention in every "
+            f"{every}-th layer ({READER_SETTINGS_FILE}): missing or unexpected {wrong[:5]}"
+        )
+    remove_cross_attention(t5, every)
+    return t5
 
 
 @contextlib.contextmanager

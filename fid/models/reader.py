@@ -18,6 +18,10 @@ A model imported from a released FiD checkpoint with `--keep-cross-attention-bia
 position bias that transformers 3 gave the first decoder block's cross-attention
 (`add_cross_attention_bias`, fid/models/convert.py explains it): its encoder tokens then keep
 the original's (B, N*L) positions (no packing), and it reproduces the original's logits.
+
+Two variants that must be fine-tuned (fid.models.reader_variants): FiD-Light hands the decoder
+only the first `light_tokens` vectors of each passage; FiDO's layer-sparse decoder keeps
+cross-attention in every `cross_attention_every`-th layer only.
 """
 
 from __future__ import annotations
@@ -31,6 +35,13 @@ import torch
 from torch import nn
 from transformers import T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
+
+from fid.models.reader_variants import (
+    check_variant,
+    cross_attention_period,
+    has_cross_attention,
+    remove_cross_attention,
+)
 
 # The first decoder block's cross-attention bias in state dicts (a released reader's, and a
 # converted one's that keeps it).
@@ -80,6 +91,14 @@ class FiDReader(nn.Module):
         encoder_buckets: groups of similar-length passages encoded together; 1 = one group.
         pack_passages: give the decoder only real tokens (B, T); False keeps the original's
             (B, N*L) layout with masked padding.
+        light_tokens: FiD-Light: the decoder reads only the first this-many encoder vectors of
+            each passage (None: all).
+        cross_attention_every: FiDO: cross-attention in decoder layers 0, K, 2K, ... only;
+            the others' are removed from `t5` (None: `t5` as it is).
+
+    Raises:
+        ConfigError: a variant setting out of range, or set on a model with a cross-attention
+            position bias (fid.models.reader_variants.check_variant).
     """
 
     def __init__(
@@ -87,18 +106,28 @@ class FiDReader(nn.Module):
         t5: T5ForConditionalGeneration,
         encoder_buckets: int = 8,
         pack_passages: bool = True,
+        light_tokens: int | None = None,
+        cross_attention_every: int | None = None,
     ):
         super().__init__()
+        bias = has_cross_attention_bias(t5)
+        check_variant(light_tokens, cross_attention_every, len(t5.decoder.block), bias)
+        if cross_attention_every is not None:
+            remove_cross_attention(t5, cross_attention_every)
         self.t5 = t5
         self.encoder_buckets = encoder_buckets
         # Positions matter to a cross-attention bias: keep the original's layout then.
-        self.pack_passages = pack_passages and not has_cross_attention_bias(t5)
+        self.pack_passages = pack_passages and not bias
+        self.light_tokens = light_tokens
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs) -> FiDReader:
-        """Loads any T5-family model by hub name or local folder (kwargs go to FiDReader)."""
-        t5 = T5ForConditionalGeneration.from_pretrained(name_or_path)
-        return cls(t5, **kwargs)
+        """Loads any T5-family model by hub name or local folder, built as its folder records
+        (fid.models.loading.load_t5: a kept cross-attention bias, FiDO's sparse decoder).
+        kwargs go to FiDReader (`light_tokens` too: the folder's is ReaderSettings')."""
+        from fid.models.loading import load_t5  # here: fid.models.loading imports this module
+
+        return cls(load_t5(name_or_path), **kwargs)
 
     def save_pretrained(self, path, state_dict: dict | None = None) -> None:
         """Saves the wrapped T5 as a plain Hugging Face model (safetensors).
@@ -116,6 +145,11 @@ class FiDReader(nn.Module):
     @property
     def config(self):
         return self.t5.config
+
+    @property
+    def cross_attention_every(self) -> int:
+        """FiDO's K: cross-attention in every K-th decoder layer (1: the plain reader)."""
+        return cross_attention_period(self.t5)
 
     def set_attention(self, kind: str, device: torch.device) -> None:
         """T5's attention kernel; "auto": eager on CPU (faster there), sdpa on GPU.
@@ -142,6 +176,8 @@ class FiDReader(nn.Module):
 
         Returns:
             The fused encoding; T = longest question's token count when packing, else N*L.
+            With light_tokens = k, each passage gives only its first min(length, k) tokens
+            (and L becomes min(L, k) in the unpacked layout).
         """
         B, N, L = input_ids.shape
         ids = input_ids.view(B * N, L)
@@ -149,15 +185,18 @@ class FiDReader(nn.Module):
         lengths = mask.sum(dim=1)  # (B*N,)
         if not torch.equal(mask, torch.arange(L, device=mask.device) < lengths[:, None]):
             raise ValueError("passages must be right-padded: attention_mask = 1..1 0..0")
+        # FiD-Light: the decoder reads positions < k of each passage (the encoder reads all).
+        k = L if self.light_tokens is None else min(self.light_tokens, L)
+        kept = lengths.clamp(max=k)  # (B*N,) tokens each passage hands the decoder
 
         # Where each passage's tokens start in its question's fused sequence.
         if self.pack_passages:
-            per_question = lengths.view(B, N)
+            per_question = kept.view(B, N)
             starts = (per_question.cumsum(dim=1) - per_question).view(B * N)  # exclusive cumsum
             T = max(int(per_question.sum(dim=1).max()), 1)
         else:
-            starts = (torch.arange(N, device=ids.device) * L).repeat(B)
-            T = N * L
+            starts = (torch.arange(N, device=ids.device) * k).repeat(B)
+            T = N * k
         row_question = torch.arange(B, device=ids.device).repeat_interleave(N)  # (B*N,)
         row_slot = torch.arange(N, device=ids.device).repeat(B)  # (B*N,)
 
@@ -169,9 +208,10 @@ class FiDReader(nn.Module):
             width = int(lengths[rows].max())
             bucket_mask = mask[rows, :width]  # (n_k, width)
             out = self.t5.encoder(input_ids=ids[rows, :width], attention_mask=bucket_mask.long())
-            row, pos = torch.nonzero(bucket_mask, as_tuple=True)  # each real token of the bucket
+            handed = bucket_mask[:, :k]  # (n_k, min(width, k)) the tokens the decoder reads
+            row, pos = torch.nonzero(handed, as_tuple=True)
             token_rows = rows[row]
-            hidden_parts.append(out.last_hidden_state[bucket_mask])  # (tokens_k, D)
+            hidden_parts.append(out.last_hidden_state[:, :k][handed])  # (tokens_k, D)
             destinations.append(row_question[token_rows] * T + starts[token_rows] + pos)
             slots.append(row_slot[token_rows])
         destination = torch.cat(destinations)
@@ -244,6 +284,8 @@ class FiDReader(nn.Module):
         logits q.k (T5 has no 1/sqrt(d) scaling and no cross-attention position bias), averaged
         over layers, heads and the passage's real tokens. "attention_mass": the softmax
         probability that falls on the passage's tokens, averaged over layers and heads.
+        "Layers" are those with cross-attention (all but in a FiDO reader); "tokens" those the
+        decoder reads (the first light_tokens of each passage in a FiD-Light reader).
 
         Args:
             input_ids: (B, N, L).
@@ -307,12 +349,14 @@ def _capture_cross_attention(t5: T5ForConditionalGeneration) -> Iterator[list[di
     """Records, per decoder layer, the cross-attention query and key projections.
 
     Forward hooks on the `q` and `k` linear layers of each EncDecAttention (no patching of
-    transformers code, any attention implementation). Yields one dict per layer that a decoder
-    call fills with "q" (B, 1, H*dk) and "k" (B, T, H*dk).
+    transformers code, any attention implementation). Yields one dict per layer with
+    cross-attention (a FiDO decoder's other layers have none) that a decoder call fills with
+    "q" (B, 1, H*dk) and "k" (B, T, H*dk).
     """
-    captured: list[dict] = [{} for _ in t5.decoder.block]
+    blocks = [block for block in t5.decoder.block if has_cross_attention(block)]
+    captured: list[dict] = [{} for _ in blocks]
     handles = []
-    for block, store in zip(t5.decoder.block, captured, strict=True):
+    for block, store in zip(blocks, captured, strict=True):
         attention = block.layer[1].EncDecAttention
         handles.append(attention.q.register_forward_hook(_store_output(store, "q")))
         handles.append(attention.k.register_forward_hook(_store_output(store, "k")))

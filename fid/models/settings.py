@@ -4,7 +4,8 @@ A model is only as good as its inputs look like those it was trained on. Setting
 agree between training and use (the input format, truncation lengths) are therefore recorded
 in the model folder when it is saved, and read back by every command that uses it:
 
-- a reader folder holds `fid_reader.json` (`ReaderSettings`): input format, passage length;
+- a reader folder holds `fid_reader.json` (`ReaderSettings`): input format, passage length,
+  and the variant it was fine-tuned as (FiD-Light, FiDO: fid.models.reader_variants);
 - a retriever folder holds them in `dual_encoder.json` (`fid.models.retriever.DualEncoderSpec`):
   input format, prefixes, question and passage lengths, pooling, projection, normalisation.
 
@@ -27,6 +28,8 @@ from fid.errors import InputError
 logger = logging.getLogger(__name__)
 
 READER_SETTINGS_FILE = "fid_reader.json"
+# ReaderSettings keys of the fine-tuned variants, with the value of a plain reader.
+VARIANT_DEFAULTS = {"light_tokens": None, "cross_attention_every": 1}
 T = TypeVar("T")
 
 
@@ -46,6 +49,12 @@ class ReaderSettings:
         target_max_tokens: its training targets' fixed length, if any (a record).
         cross_attention_bias: the first decoder block's cross-attention keeps the position
             bias of a released FiD checkpoint (its weight is in model.safetensors).
+        light_tokens: FiD-Light: the decoder reads the first this-many encoder vectors of each
+            passage (None: all). A use of the model applies it; a config that names another
+            value is refused unless it overrides (`resolve_setting`).
+        cross_attention_every: FiDO: cross-attention in every K-th decoder layer only; the
+            others' weights are not in model.safetensors, and loading removes those layers
+            again (fid.models.loading). Structure, not a choice: never overridden.
     """
 
     input_format: Literal["fid"] = "fid"
@@ -53,10 +62,18 @@ class ReaderSettings:
     n_passages: int | None = None
     target_max_tokens: int | None = None
     cross_attention_bias: bool = False
+    light_tokens: int | None = None
+    cross_attention_every: int = 1
 
     def save(self, folder: str | Path) -> None:
         """Writes the settings into a model folder (beside config.json)."""
-        text = json.dumps({"format": 1, **asdict(self)}, indent=2) + "\n"
+        data = asdict(self)
+        # The variant keys only when set: a plain reader's file stays what older fids read,
+        # and an older fid refuses a variant's (an unknown key) instead of misreading it.
+        for name, plain in VARIANT_DEFAULTS.items():
+            if data[name] == plain:
+                del data[name]
+        text = json.dumps({"format": 1, **data}, indent=2) + "\n"
         (Path(folder) / READER_SETTINGS_FILE).write_text(text)
 
     @classmethod

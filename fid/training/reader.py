@@ -16,7 +16,7 @@ from fid.inference.generation import generate_answers
 from fid.metrics.answers import answer_metrics
 from fid.models.folder_checks import check_reader
 from fid.models.loading import load_reader
-from fid.models.reader import FiDReader
+from fid.models.reader import FiDReader, has_cross_attention_bias
 from fid.models.settings import ReaderSettings
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
@@ -94,15 +94,31 @@ class ReaderTask:
     def save_model(self, path: Path, state_dict: dict | None = None) -> None:
         self.model.save_pretrained(path, state_dict=state_dict)
         self.tokenizer.save_pretrained(path)
-        # How the reader was fed: eval-reader and score-passages feed it the same way.
+        # How the reader was fed: eval-reader and score-passages feed it the same way, and
+        # load it as it is built (a kept cross-attention bias, FiDO's sparse decoder).
         ReaderSettings(
             passage_max_tokens=self.cfg.passage_max_tokens,
             n_passages=self.cfg.n_passages,
             target_max_tokens=self.cfg.target_max_tokens,
+            cross_attention_bias=has_cross_attention_bias(self.model.t5),
+            light_tokens=self.model.light_tokens,
+            cross_attention_every=self.model.cross_attention_every,
         ).save(path)
 
     def fsdp_units(self) -> list[torch.nn.Module]:
         return self.model.fsdp_units()
+
+
+def _note_variant_change(init_model: str, cfg: ReaderTrainConfig) -> None:
+    """Logs where the run fine-tunes the start model into another variant."""
+    folder = Path(init_model)
+    start = ReaderSettings.load(folder) if folder.is_dir() else ReaderSettings()
+    for name in ("light_tokens", "cross_attention_every"):
+        before, after = getattr(start, name), getattr(cfg, name)
+        if before != after:
+            logger.info(
+                "fine-tuning %s (%s = %r) with %s = %r", init_model, name, before, name, after
+            )
 
 
 def train_reader(
@@ -131,7 +147,13 @@ def train_reader(
     train = load_examples(train_path, require_answers=True, passages=passages_path)
     dev = load_examples(dev_path, require_answers=True, passages=passages_path)
     logger.info("%d training and %d dev questions", len(train), len(dev))
-    reader, tokenizer = load_reader(init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout)
+    # The config says what the trained reader is: a FiD-Light or FiDO variant of the start
+    # model is fine-tuned from it (fid.models.reader_variants).
+    reader, tokenizer = load_reader(
+        init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout,
+        light_tokens=cfg.light_tokens, cross_attention_every=cfg.cross_attention_every,
+    )  # fmt: skip
+    _note_variant_change(init_model, cfg)
     reader.to(device)
     reader.set_attention(cfg.attention, device)
     reader.set_activation_checkpointing(cfg.activation_checkpointing)

@@ -33,6 +33,7 @@ REFUSED = frozenset({
     # ReaderTrainConfig: inputs, targets, model; dev metrics that best_dev is compared on
     "n_passages", "passage_max_tokens", "target_max_tokens", "dropout",
     "eval_max_questions", "max_new_tokens", "num_beams",
+    "light_tokens", "cross_attention_every",  # the model variant (fid.models.reader_variants)
     # RetrieverTrainConfig: inputs, model, loss; the metric best_dev is chosen on
     "score_key", "question_max_tokens", "pooling", "projection_dim", "shared_encoder",
     "input_format", "query_prefix", "passage_prefix", "normalize", "project_tokens",
