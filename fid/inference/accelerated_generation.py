@@ -64,23 +64,36 @@ def accelerated_generate(
         (B, <= max_new_tokens + 1) ids starting with the decoder start token, padded after EOS,
         as `FiDReader.generate` returns them.
     """
+    check_acceleration(reader, cfg)
+    encoding = reader.encode(input_ids, attention_mask)
+    return accelerated_decode(reader, encoding, input_ids.shape[1], max_new_tokens, cfg)
+
+
+def check_acceleration(reader: FiDReader, cfg) -> None:
+    """ConfigError for a reader the knobs cannot apply to."""
     t5 = reader.t5
     if has_cross_attention_bias(t5):
         raise ConfigError(
             "keep_passages / keep_tokens need a reader without a cross-attention position bias "
             "(this one was imported with --keep-cross-attention-bias): positions would change"
         )
-    layers = len(t5.decoder.block)
+    layers = len(_cross_attention_blocks(t5))
     if cfg.keep_tokens_layer is not None and cfg.keep_tokens_layer >= layers:
         raise ConfigError(
             f"keep_tokens_layer = {cfg.keep_tokens_layer} is out of range: the reader's decoder "
-            f"has {layers} layers (expected 0 to {layers - 1})"
+            f"has {layers} layers with cross-attention (expected 0 to {layers - 1})"
         )
+
+
+@torch.no_grad()
+def accelerated_decode(
+    reader: FiDReader, encoding: FusedEncoding, N: int, max_new_tokens: int, cfg
+) -> torch.Tensor:
+    """The greedy loop of `accelerated_generate`, from the encoding of N passage slots."""
+    t5 = reader.t5
     config = t5.config
-    encoding = reader.encode(input_ids, attention_mask)
-    N = input_ids.shape[1]
-    B = input_ids.shape[0]
-    device = input_ids.device
+    B = encoding.hidden.shape[0]
+    device = encoding.hidden.device
     cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
     tokens = torch.full((B, 1), config.decoder_start_token_id, dtype=torch.long, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
@@ -212,7 +225,7 @@ def _cross_layers(cache: EncoderDecoderCache) -> list:
 @contextlib.contextmanager
 def _capture_queries(t5) -> Iterator[list[torch.Tensor | None]]:
     """Each decoder layer's cross-attention query at the step run inside: (B, 1, H*dk)."""
-    blocks = [block for block in t5.decoder.block if hasattr(block.layer[1], "EncDecAttention")]
+    blocks = _cross_attention_blocks(t5)
     queries: list[torch.Tensor | None] = [None] * len(blocks)
     handles = []
     for i, block in enumerate(blocks):
@@ -226,3 +239,8 @@ def _capture_queries(t5) -> Iterator[list[torch.Tensor | None]]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _cross_attention_blocks(t5) -> list:
+    """The decoder blocks that have cross-attention (a layer-sparse decoder skips some)."""
+    return [block for block in t5.decoder.block if hasattr(block.layer[1], "EncDecAttention")]
