@@ -51,6 +51,10 @@ OPTIONS = {
     "tokens 25%": {"keep_tokens": 25.0},
     "tokens 10% ||v||": {"keep_tokens": 10.0, "keep_tokens_by_value_norm": True},
     "tokens 10% step 2": {"keep_tokens": 10.0, "keep_tokens_step": 2},
+    "tokens 10% layer 0": {"keep_tokens": 10.0, "keep_tokens_layer": 0},
+    "tokens 10% layer 1": {"keep_tokens": 10.0, "keep_tokens_layer": 1},
+    "tokens 25% layer 0": {"keep_tokens": 25.0, "keep_tokens_layer": 0},
+    "tokens 25% layer 1": {"keep_tokens": 25.0, "keep_tokens_layer": 1},
 }
 
 
@@ -65,13 +69,6 @@ VARIANTS = {
 
 def _cpu() -> float:
     return time.process_time()
-
-
-def bootstrap_interval(diff: np.ndarray, rounds: int = 10_000, seed: int = 0) -> tuple:
-    """95% percentile interval of the mean of paired differences (questions resampled)."""
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), size=(rounds, len(diff)))].mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 # ------------------------------------------------------------------------------------ speed
@@ -203,6 +200,7 @@ def quality(args) -> None:
     import torch
 
     from fid.data.examples import load_examples
+    from fid.metrics.bootstrap import paired_bootstrap_interval
 
     torch.set_num_threads(1)
     examples = load_examples(args.questions, passages=args.passages)
@@ -224,7 +222,7 @@ def quality(args) -> None:
         em, seconds = _evaluate(model, examples, args.n, knobs, args.batch_size, args.max_new)
         if base_em is None:
             base_em, base_s = em, seconds
-        low, high = bootstrap_interval(em - base_em)
+        low, high = paired_bootstrap_interval(em, base_em)
         diff = 100 * (em.mean() - base_em.mean())
         print(
             f"| {name} | {100 * em.mean():.1f} | {diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] "

@@ -72,6 +72,13 @@ STAGES = {
     "scale_data": (ScaleDataConfig, section("scale_data")),
     "demo_gold": (DemoDataConfig, {**section("demo_data"), "n_passages": 1}),
 }
+# Accelerated evaluations (EvalReaderConfig's keep_* knobs over eval_reader), by name.
+ACCELERATIONS = config.get("eval_reader_accelerations") or {}
+for name, knobs in ACCELERATIONS.items():
+    STAGES[f"eval_reader_fast_{name}"] = (
+        EvalReaderConfig,
+        {**section("eval_reader"), **knobs},
+    )
 for split, spec in (DATA.get("questions") or {}).items():
     STAGES[f"prepare_{split}"] = (PrepareQuestionsConfig, spec.get("prepare") or {})
 # What retrieval writes is one workflow key: every later rule reads it the same way.
@@ -86,10 +93,15 @@ for stage in ("bm25", "retrieve"):
     if COMPACT:
         STAGES[stage][1]["list_format"] = "compact"
 for stage, (cls, knobs) in STAGES.items():
+    where = stage.replace("eval_reader_fast_", "eval_reader_accelerations.", 1)
     try:
-        config_from_dict(knobs, cls, source=f"config section '{stage}'")
+        checked = config_from_dict(knobs, cls, source=f"config section '{where}'")
     except ConfigError as error:
         raise WorkflowError(f"{error}. Hint: see {cls.__name__}.") from None
+    if where != stage and not checked.accelerated:
+        fail(
+            where, "sets neither keep_passages nor keep_tokens", "set one, or remove it"
+        )
 
 # Cross-key checks the schema cannot express; then every data file must exist or be made.
 if FIRST != "bm25" and FIRST not in PRETRAINED:

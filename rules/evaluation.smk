@@ -10,6 +10,9 @@ OUTPUTS:
     results/{run}/report/flags.csv   rounds worse than the one before them  rule report_flags
     results/{run}/report/{exact_match,retrieval_topk,training_curves}.png   rule report_plots
     results/{run}/report/config.yaml                                        rule report_config
+    results/{run}/iter{i}/reader/eval_fast/{name}/{split}.json   rule eval_reader_fast (each
+        entry of eval_reader_accelerations), results/{run}/report/acceleration.{csv,png}
+        rule report_acceleration: speed against exact match, with the paired bootstrap interval
 """
 
 READER_KEYS = [(i, s) for i in range(K) for s in EVAL_SPLITS]
@@ -20,7 +23,9 @@ REPORT = [
     res_path(f"report/{name}")
     for name in ("exact_match.csv", "retrieval.csv", "flags.csv", "config.yaml")
     + ("exact_match.png", "retrieval_topk.png", "training_curves.png")
+    + (("acceleration.csv", "acceleration.png") if ACCELERATIONS else ())
 ]
+FAST_KEYS = [(i, s, name) for i, s in READER_KEYS for name in ACCELERATIONS]
 
 
 rule eval_reader:
@@ -48,6 +53,73 @@ rule eval_reader:
         + " eval-reader --config {input.config:q} --model {input.model:q}"
         " --questions {input.questions:q} --predictions {output.predictions:q}"
         " --metrics {output.metrics:q} {params.passages:q} > {log:q} 2>&1"
+
+
+rule eval_reader_fast:
+    input:
+        model="results/{run}/iter{i}/reader/model",
+        questions=lambda wc: retrieval(round_source(wc.i), wc.split),
+        config=lambda wc: stage_file(f"eval_reader_fast_{wc.name}"),
+        store=list_store(),
+    output:
+        metrics="results/{run}/iter{i}/reader/eval_fast/{name}/{split}.json",
+        predictions="results/{run}/iter{i}/reader/eval_fast/{name}/{split}.predictions.jsonl",
+    log:
+        "logs/eval_reader_fast/{run}/iter{i}/{name}/{split}.log",
+    benchmark:
+        "logs/benchmarks/eval_reader_fast/{run}/iter{i}/{name}/{split}.tsv"
+    wildcard_constraints:
+        name="|".join(ACCELERATIONS) or "^$",
+    conda:
+        "envs/fid.yaml"
+    threads: threads("eval_reader")
+    resources:
+        **res("eval_reader"),
+    params:
+        passages=passages_flag(),
+    shell:
+        fid("eval_reader")
+        + " eval-reader --config {input.config:q} --model {input.model:q}"
+        " --questions {input.questions:q} --predictions {output.predictions:q}"
+        " --metrics {output.metrics:q} {params.passages:q} > {log:q} 2>&1"
+
+
+rule report_acceleration:
+    input:
+        plain=[
+            res_path(f"iter{i}/reader/eval/{s}.predictions.jsonl")
+            for i, s in READER_KEYS
+        ],
+        plain_metrics=[
+            res_path(f"iter{i}/reader/eval/{s}.json") for i, s in READER_KEYS
+        ],
+        fast=[
+            res_path(f"iter{i}/reader/eval_fast/{n}/{s}.predictions.jsonl")
+            for i, s, n in FAST_KEYS
+        ],
+        fast_metrics=[
+            res_path(f"iter{i}/reader/eval_fast/{n}/{s}.json") for i, s, n in FAST_KEYS
+        ],
+    output:
+        table=report(
+            "results/{run}/report/acceleration.csv",
+            category="1. Reader",
+            caption="report/acceleration.rst",
+        ),
+        plot=report(
+            "results/{run}/report/acceleration.png",
+            category="1. Reader",
+            caption="report/acceleration.rst",
+        ),
+    log:
+        "logs/report_acceleration/{run}.log",
+    conda:
+        "envs/fid.yaml"
+    params:
+        plain=READER_KEYS,
+        fast=FAST_KEYS,
+    script:
+        "../workflow_scripts/report_acceleration.py"
 
 
 rule eval_retrieval:

@@ -53,6 +53,8 @@ def _recorded_encodings(monkeypatch) -> list:
         {"keep_passages": 6},
         {"keep_tokens": 100.0},
         {"keep_tokens": 100.0, "keep_tokens_step": 3, "keep_tokens_layer": 1},
+        {"keep_tokens": 100.0, "keep_tokens_layer": 0},  # layer 1 cut inside step 1
+        {"keep_tokens": 100.0, "keep_tokens_step": 2, "keep_tokens_layer": 0},  # its cache
         {"keep_passages": 99, "keep_tokens": 100.0, "keep_tokens_by_value_norm": True},
     ],
 )
@@ -64,6 +66,28 @@ def test_keeping_everything_gives_the_plain_answers(reader, batch, knobs, monkey
     )
     assert torch.equal(plain, fast)
     assert seen, "the cache was never cut: the test would not exercise the gather"
+
+
+def test_one_question_without_padding_keeps_the_plain_answer(reader, batch):
+    # B = 1: the kernel gets no encoder mask at all; the cut inside the step builds one
+    ids, mask = batch.input_ids[:1], batch.attention_mask[:1]
+    cfg = EvalReaderConfig(keep_tokens=100.0, keep_tokens_layer=0)
+    plain = reader.generate(ids, mask, STEPS)
+    assert torch.equal(plain, accelerated_generate(reader, ids, mask, STEPS, cfg))
+
+
+def test_layers_after_the_chosen_one_project_only_the_kept_tokens(reader, batch, monkeypatch):
+    seen = _recorded_encodings(monkeypatch)
+    widths = []
+    k = reader.t5.decoder.block[1].layer[1].EncDecAttention.k
+    handle = k.register_forward_hook(lambda module, args, out: widths.append(out.shape[1]))
+    cfg = EvalReaderConfig(keep_tokens=20.0, keep_tokens_layer=0)
+    accelerated_generate(reader, batch.input_ids, batch.attention_mask, STEPS, cfg)
+    handle.remove()
+    before, keep, after = seen[0]
+    # layer 1 projected keys once (step 1), for the kept tokens only: T' of T
+    assert widths == [after.mask.shape[1]] and after.mask.shape[1] < before.mask.shape[1]
+    assert int(keep.sum(dim=1).max()) == after.mask.shape[1]
 
 
 def test_pruning_keeps_the_passages_first_step_attention_ranks_highest(reader, batch, monkeypatch):
@@ -128,6 +152,7 @@ def test_pruning_changes_what_later_steps_read(reader, batch):
         ({"keep_tokens": 50.0, "keep_tokens_step": 0}, "keep_tokens_step"),
         ({"keep_tokens": 50.0, "keep_tokens_layer": -1}, "keep_tokens_layer"),
         ({"keep_passages": 3, "num_beams": 4}, "num_beams"),
+        ({"keep_passages": 3, "keep_tokens": 10.0, "keep_tokens_layer": 0}, "keep_tokens_step 1"),
     ],
 )
 def test_bad_knobs_are_config_errors(knobs, key):

@@ -98,8 +98,11 @@ class EvalReaderConfig(GenerationConfig):
             ones by that step's cross-attention (None: all).
         keep_tokens_step: the decoding step (1 = the first token) whose cross-attention ranks
             the tokens; they are dropped from the next step on.
-        keep_tokens_layer: the decoder layer whose cross-attention ranks the tokens (0-based;
-            None: the mean over layers).
+        keep_tokens_layer: the decoder layer whose cross-attention ranks the tokens (0-based,
+            counting the layers that have cross-attention): the layers after it read only the
+            kept tokens from that same step on (at step 1 they then project keys and values of
+            the kept tokens only: most of the saving). None: the mean over layers, the tokens
+            dropped from the next step on.
         keep_tokens_by_value_norm: weight each token's attention by its value vector's norm.
     """
 
@@ -123,6 +126,18 @@ class EvalReaderConfig(GenerationConfig):
                 )
         check_range("keep_tokens_step", self.keep_tokens_step, low=1)
         check_range("keep_tokens_layer", self.keep_tokens_layer, low=0, allow_none=True)
+        if (
+            self.keep_passages is not None
+            and self.keep_tokens is not None
+            and self.keep_tokens_layer is not None
+            and self.keep_tokens_step == 1
+        ):
+            raise ConfigError(
+                "keep_passages with keep_tokens_layer at keep_tokens_step 1 is not allowed: "
+                "pruning ranks passages by every layer's first-step attention, which the cut "
+                "after keep_tokens_layer would already have shortened (expected a later "
+                "keep_tokens_step, or keep_tokens_layer: null)"
+            )
         if self.accelerated and self.num_beams > 1:
             raise ConfigError(
                 f"keep_passages / keep_tokens apply to greedy decoding: num_beams = "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,12 @@ from fid.runtime.fileio import atomic_paths, atomic_write_json, atomic_write_jso
 from fid.runtime.precision import autocast
 
 logger = logging.getLogger(__name__)
+
+# EvalReaderConfig's passage pruning and token elimination knobs, recorded in the metrics
+ACCELERATION_KEYS = (
+    "keep_passages", "keep_passages_by", "keep_tokens", "keep_tokens_step", "keep_tokens_layer",
+    "keep_tokens_by_value_norm",
+)  # fmt: skip
 
 
 def prediction_records(examples: Sequence[Example], predictions: Sequence[str]) -> list[dict]:
@@ -51,17 +58,27 @@ def eval_reader(
     examples = load_examples(questions_path, passages=passages_path)
     reader, tokenizer, collator = reader_and_collator(cfg, model_path, device)
     mine = take(examples, distributed.shard_indices(len(examples)))
+    started, started_cpu = time.perf_counter(), time.process_time()
     with torch.no_grad(), autocast(device, cfg.precision):
         local = generate_answers(
             reader, tokenizer, collator, mine, cfg.eval_batch_size, cfg.max_new_tokens,
             cfg.num_beams, device, acceleration=cfg,
         )  # fmt: skip
+    # This rank's generation speed (its share of the questions): the Pareto plot's x axis
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - started_cpu
     predictions = distributed.gather_to_main(len(examples), local)
     if predictions is None:
         return None
     questions = without_passages(examples)
     metrics = answer_metrics(predictions, [example.answers for example in questions])
     metrics["n_questions"] = len(examples)
+    metrics["generation"] = {
+        "questions_per_second": len(mine) / seconds if seconds > 0 else None,
+        "cpu_seconds_per_question": cpu_seconds / len(mine) if len(mine) else None,
+        "acceleration": {
+            key: getattr(cfg, key) for key in ACCELERATION_KEYS if getattr(cfg, key) is not None
+        } if cfg.accelerated else None,
+    }  # fmt: skip
     # Both files or neither: a metrics write that fails leaves no predictions behind.
     with atomic_paths(predictions_path, metrics_path) as (predictions_tmp, metrics_tmp):
         atomic_write_jsonl(predictions_tmp, prediction_records(questions, predictions))

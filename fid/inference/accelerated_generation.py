@@ -99,7 +99,13 @@ def accelerated_decode(
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     for step in range(1, max_new_tokens + 1):
         ranking = _ranks_at(step, cfg)
-        with _capture_queries(t5) if ranking else contextlib.nullcontext() as queries:
+        within = "tokens" in ranking and cfg.keep_tokens_layer is not None
+        with contextlib.ExitStack() as hooks:
+            queries = hooks.enter_context(_capture_queries(t5)) if ranking else None
+            if within:  # layers after keep_tokens_layer read only the kept tokens already
+                cut = hooks.enter_context(
+                    _eliminate_within_step(t5, cache, queries, encoding, N, cfg)
+                )
             out = t5(
                 encoder_outputs=BaseModelOutput(last_hidden_state=encoding.hidden),
                 attention_mask=encoding.mask,
@@ -114,9 +120,93 @@ def accelerated_decode(
         if finished.all():
             break
         if ranking:
-            keep = _tokens_to_keep(ranking, queries, cache, encoding, N, config.num_heads, cfg)
+            keep = cut.keep if within else None
+            if "passages" in ranking or not within:
+                keep = _tokens_to_keep(ranking, queries, cache, encoding, N, config.num_heads, cfg)
             encoding = _keep_tokens(encoding, cache, keep)
     return tokens
+
+
+class _WithinStep:
+    """What `_eliminate_within_step` decided: `keep` (B, T) bool once the chosen layer ran."""
+
+    keep: torch.Tensor | None = None
+    order: torch.Tensor | None = None  # (B, T') kept positions first, in order
+    valid: torch.Tensor | None = None  # (B, T') real kept tokens (not padding)
+
+
+@contextlib.contextmanager
+def _eliminate_within_step(t5, cache, queries, encoding: FusedEncoding, N: int, cfg):
+    """Berchansky et al.'s elimination inside the ranking step: once cross-attention layer l
+    (`keep_tokens_layer`) has run, the later layers of the same step read only the kept tokens;
+    at the first step they then project keys and values of the kept tokens only, which is most
+    of what the decoder saves (the first step projects every encoder token in every layer).
+
+    Hooks: a forward hook on layer l's cross-attention sublayer ranks the tokens; a pre-hook on
+    each later one swaps its inputs for the kept tokens' (encoder states (B, T', D), mask
+    (B, 1, 1, T'), the shared zero position bias (1, H, 1, T')) or, where its keys and values are
+    cached already (a later step), gathers the cache.
+    """
+    state = _WithinStep()
+    blocks = _cross_attention_blocks(t5)
+    layer = cfg.keep_tokens_layer
+    H = t5.config.num_heads
+
+    def rank(module, args, output):
+        state.keep = _tokens_to_keep(["tokens"], queries, cache, encoding, N, H, cfg)
+        counts = state.keep.sum(dim=1)  # (B,)
+        width = max(int(counts.max()), 1)
+        state.order = torch.argsort((~state.keep).to(torch.int8), dim=1, stable=True)[:, :width]
+        state.valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
+
+    def swap(module, args, kwargs):
+        index = blocks.index(module.block)
+        cached = cache.cross_attention_cache.layers[index]
+        if getattr(cached, "keys", None) is not None and cached.keys.numel() > 0:
+            _gather_layer(cached, state.order)
+        else:
+            states = kwargs["key_value_states"]  # (B, T, D)
+            order = state.order[:, :, None].expand(-1, -1, states.shape[-1])
+            kwargs["key_value_states"] = states.gather(1, order)
+        kwargs["attention_mask"] = _cut_mask(kwargs.get("attention_mask"), state, kwargs)
+        bias = kwargs.get("position_bias")
+        if bias is not None:  # zeros: cross-attention has no position bias here
+            kwargs["position_bias"] = bias[..., : state.order.shape[1]]
+        return args, kwargs
+
+    handles = [blocks[layer].layer[1].register_forward_hook(rank)]
+    for block in blocks[layer + 1 :]:
+        block.layer[1].block = block
+        handles.append(block.layer[1].register_forward_pre_hook(swap, with_kwargs=True))
+    try:
+        yield state
+    finally:
+        for handle in handles:
+            handle.remove()
+        for block in blocks[layer + 1 :]:
+            del block.layer[1].block
+
+
+def _cut_mask(mask, state: _WithinStep, kwargs) -> torch.Tensor:
+    """The encoder mask of the kept tokens, in the form the attention kernel was given: bool
+    (True: attend) or additive float (0 / dtype min); built additive where there was none."""
+    valid = state.valid[:, None, None, :]  # (B, 1, 1, T')
+    if mask is None:
+        dtype = kwargs["key_value_states"].dtype
+        zeros = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
+        return zeros.masked_fill(~valid, torch.finfo(dtype).min)
+    order = state.order[:, None, None, :].expand(mask.shape[0], *mask.shape[1:3], -1)
+    cut = mask.gather(-1, order)
+    if cut.dtype == torch.bool:
+        return cut & valid
+    return cut.masked_fill(~valid, torch.finfo(cut.dtype).min)
+
+
+def _gather_layer(layer, order: torch.Tensor) -> None:
+    """A cache layer's keys and values (B, H, T, dk) cut to the positions `order` (B, T')."""
+    index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+    layer.keys = layer.keys.gather(2, index)
+    layer.values = layer.values.gather(2, index)
 
 
 def _ranks_at(step: int, cfg) -> list[str]:
@@ -203,9 +293,8 @@ def _keep_tokens(
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]  # (B, T')
     mask = torch.arange(width, device=keep.device)[None, :] < counts[:, None]  # (B, T')
     for layer in _cross_layers(cache):
-        index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-        layer.keys = layer.keys.gather(2, index)  # (B, H, T', dk)
-        layer.values = layer.values.gather(2, index)
+        if layer.keys.shape[2] == T:  # not cut inside the step already
+            _gather_layer(layer, order)  # (B, H, T', dk)
     hidden = encoding.hidden.gather(
         1, order[:, :, None].expand(-1, -1, encoding.hidden.shape[-1])
     )  # (B, T', D): not read again (the cache holds its keys and values), kept for the shapes

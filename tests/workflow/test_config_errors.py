@@ -103,3 +103,19 @@ def test_non_finite_knob(tmp_path):
     message = result.stdout + result.stderr
     assert result.returncode != 0, message[-2000:]
     assert "config section 'reader': lr = nan is not a finite number" in message, message[-2000:]
+
+
+def test_bad_accelerated_evaluations(tmp_path):
+    # each entry is EvalReaderConfig's knobs over eval_reader, checked before any job runs
+    config = write_config(
+        tmp_path / "c.yaml", DEMO, eval_reader_accelerations={"t": {"keep_tokens": 0}}
+    )
+    _fails(tmp_path, config, "config section 'eval_reader_accelerations.t'", "keep_tokens = 0")
+    config = write_config(
+        tmp_path / "c.yaml", DEMO, eval_reader_accelerations={"p": {"num_beams": 1}}
+    )
+    _fails(tmp_path, config, "'eval_reader_accelerations.p'", "sets neither keep_passages nor")
+    config = write_config(
+        tmp_path / "c.yaml", DEMO, eval_reader_accelerations={"$(x)": {"keep_passages": 2}}
+    )
+    _fails(tmp_path, config, "'$(x)' does not match")

@@ -40,6 +40,8 @@ def expected_counts(cfg: dict) -> dict[str, int]:
         "eval_reader": k * splits,
         "eval_retrieval": (1 + k + len(compare)) * splits,
         "eval_baseline": splits,
+        "eval_reader_fast": k * splits * len(cfg.get("eval_reader_accelerations") or {}),
+        "report_acceleration": int(bool(cfg.get("eval_reader_accelerations"))),
     }
     counts["build_passage_store"] = int(cfg.get("list_format") == "compact")
     if cfg["data"]["source"] == "demo":
