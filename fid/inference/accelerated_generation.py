@@ -38,8 +38,8 @@ from fid.config import ConfigError
 from fid.models.reader import (
     FiDReader,
     FusedEncoding,
-    _scores_from_projections,
     has_cross_attention_bias,
+    scores_from_projections,
 )
 
 
@@ -240,7 +240,7 @@ def _tokens_to_keep(
         ]
         # (B, N) the brute-force first-step score of FiDReader.passage_scores; NaN-free:
         # empty slots get -inf so that they are never among the kept ones.
-        scores = _scores_from_projections(captured, encoding, N, H, cfg.keep_passages_by)
+        scores = scores_from_projections(captured, encoding, N, H, cfg.keep_passages_by)
         slot = encoding.token_passage.clamp(min=0)  # (B, T); padding counts 0 towards slot 0
         present = scores.new_zeros(B, N).scatter_add_(1, slot, real.to(scores.dtype)) > 0
         scores = scores.float().masked_fill(~present, float("-inf"))

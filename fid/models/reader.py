@@ -310,7 +310,7 @@ class FiDReader(nn.Module):
         # The score arithmetic runs in float32 even under autocast: q.k sums over dk terms and
         # bf16 would round the per-token logits to ~3 significant digits.
         with torch.autocast(input_ids.device.type, enabled=False):
-            scores = _scores_from_projections(captured, encoding, N, self.config.num_heads, mode)
+            scores = scores_from_projections(captured, encoding, N, self.config.num_heads, mode)
             if mode == "mean_logit" and has_cross_attention_bias(self.t5):
                 # At the first step every key is in bucket 0: the bias adds its mean over heads
                 # to every pre-softmax logit, as the original's scores hold it.
@@ -319,7 +319,7 @@ class FiDReader(nn.Module):
         return scores.masked_fill(empty, float("nan"))
 
 
-def _scores_from_projections(
+def scores_from_projections(
     captured: list[dict], encoding: FusedEncoding, N: int, H: int, mode: str
 ) -> torch.Tensor:
     """(B, N) passage scores from each layer's cross-attention q (B, 1, H*dk), k (B, T, H*dk)."""
