@@ -1,0 +1,442 @@
+"""Compressed passage indexes vs Flat: RAM, build time, latency and answer accuracy, one CPU thread.
+
+What users need from a compressed index is Flat's answer accuracy (a passage with the answer in
+the top 20 / top 100), not neighbour recall. This measures both, for each choice of
+`build_index` (factory, rerank) and search knobs (nprobe, ef_search, shortlist), through fid's
+own path: float16 embedding shards -> `fid.retrieval.index.build_index` (train on a seeded
+sample, add in batches from memory-mapped shards, write vectors.npy for re-ranking) ->
+`PassageIndex.load` (vectors and ids memory-mapped) -> `search_rows`.
+
+Data: MiniLM (all-MiniLM-L6-v2, 384-d, pretrained; embedding 1M passages on one CPU thread would
+take ~3 h) embeds every real passage in samples/ (751 DPR Wikipedia rows, 167 SQuAD passages, the
+DPR biencoder sample's ~750 contexts) and two kinds of questions with known answer passages:
+  * "squad": the 200 real SQuAD-open questions; answer passages = the SQuAD passages that hold
+    an answer string (DPR's has-answer rule), as `fid eval-retrieval` counts them;
+  * "ict": inverse-cloze questions (Lee et al. 2019): --span-words consecutive words of a real
+    passage, --spans-per-passage per passage at seeded offsets; the answer passage is that one.
+The corpus is those real passages (rows 0..R-1, the only ones holding answers) plus synthetic
+passages up to --size, drawn to resemble the real embeddings as benchmarks/synthetic_vectors.py
+does (a mix of two real passages plus covariance-shaped noise, at an anchor's norm; its
+resemblance table is printed): each real passage thus has ~size/R distractors around it that do
+not hold its answer. That is harsher than Wikipedia around most passages, so the relative
+accuracies here should be lower bounds; Flat's own accuracy is printed to show the task is
+neither trivial nor hopeless.
+
+RAM: `index.faiss` bytes (what faiss holds; ids and vectors are mapped), the anonymous memory
+that loading added (RssAnon), and the resident pages of the mapped vectors.npy after a search of
+all questions (file-backed page cache the kernel can drop). Latency: all questions in one
+`search_rows` call, k = 100, wall and CPU ms per question (the machine may be shared: CPU time
+is what an idle machine would take). Relative accuracy = choice accuracy / Flat accuracy over
+all questions; recall@100 = |found & Flat's top-100| / 100. The last table extrapolates the
+bytes per passage to 21M x 768 (DPR) and 21M x 256 (nq.yaml's retriever).
+
+    python benchmarks/compressed_index.py                       # 1M passages: ~20 min, one thread
+    python benchmarks/compressed_index.py --size 200000 --choices flat opq48_rerank
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# benchmarks/ is no package: make the shared module importable however this file is run.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_vectors import (
+    DPR_PASSAGES,
+    SAMPLES,
+    SQUAD_PASSAGES,
+    SQUAD_QUESTIONS,
+    embed,
+    embed_questions,
+    load_model,
+    one_thread,
+    print_resemblance,
+    synthesize,
+)
+
+WORKDIR = Path("/tmp/fid_compressed_index")
+BIENCODER = SAMPLES / "dpr" / "nq-dev-biencoder-sample.json"
+K = 100
+TRAIN_SAMPLE = 65536  # 64 points per list of IVF1024: k-means in ~20 s on one thread at d=384
+NLIST = 1024
+# Lists at 21M: k-means of 16384 centroids on 40 x 16384 vectors takes ~10 min on 16 cores at
+# d=256 (65536 lists would need 16x that); lists then hold ~1,300 passages (1M / 1024: ~980).
+NLIST_21M = 16384
+
+
+@dataclass
+class Choice:
+    """One index to build and the knob settings to search it with."""
+
+    factory: str
+    rerank: bool = False
+    knobs: list[dict] = field(default_factory=lambda: [{}])  # set_search_params kwargs
+
+
+def _choices(d: int) -> dict[str, Choice]:
+    ivf = f"IVF{NLIST}"
+    probes = [{"nprobe": 16}, {"nprobe": 64}]
+    shortlists = [{"nprobe": p, "shortlist": s} for p in (16, 64) for s in (200, 500, 1000)]
+    return {
+        "flat": Choice("Flat"),
+        "sq8": Choice(f"{ivf},SQ8", knobs=probes),
+        "pq48": Choice(f"{ivf},PQ{d // 8}", knobs=probes),  # the issue's IVF-PQ baseline
+        "pq48_rerank": Choice(f"{ivf},PQ{d // 8}", rerank=True, knobs=shortlists),
+        "opq48_rerank": Choice(
+            f"OPQ{d // 8}_{d},{ivf}_HNSW32,PQ{d // 8}", rerank=True, knobs=shortlists
+        ),
+        "opq64_rerank": Choice(
+            f"OPQ{d // 6}_{d},{ivf}_HNSW32,PQ{d // 6}", rerank=True, knobs=shortlists
+        ),
+        "fastscan_rerank": Choice(f"{ivf},PQ{d // 4}x4fs", rerank=True, knobs=shortlists),
+        "pca_sq8_rerank": Choice(f"PCAR{d // 6},{ivf},SQ8", rerank=True, knobs=shortlists),
+        "hnsw": Choice("HNSW32", knobs=[{"ef_search": 128}, {"ef_search": 512}]),
+    }
+
+
+# HNSW32 (more RAM than Flat: ~10 min to build 1M on one thread) and OPQ64 (~12 min of OPQ
+# training, no better than OPQ48 at a shortlist of 1000) only when asked for.
+DEFAULT_CHOICES = [c for c in _choices(384) if c not in ("hnsw", "opq64_rerank")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def _real_passages() -> tuple[list, int]:
+    """Every distinct real passage in samples/ (SQuAD passages first, DPR rows, biencoder
+    contexts) and how many are SQuAD's (rows 0..n-1)."""
+    from fid.data.passages import Passage, iter_passages
+
+    squad = list(iter_passages(SQUAD_PASSAGES))
+    passages = squad + list(iter_passages(DPR_PASSAGES))
+    for record in json.loads(BIENCODER.read_text()):
+        for key in ("positive_ctxs", "negative_ctxs", "hard_negative_ctxs"):
+            for ctx in record[key]:
+                passages.append(Passage(f"b{ctx['passage_id']}", ctx["title"], ctx["text"]))
+    seen, unique = set(), []
+    for passage in passages:
+        if passage.text not in seen:
+            seen.add(passage.text)
+            unique.append(passage)
+    assert unique[: len(squad)] == squad, "SQuAD passages are distinct"
+    return unique, len(squad)
+
+
+def _questions(passages, n_squad: int, span_words: int, spans: int, seed: int):
+    """(texts, answer rows per question, set name per question)."""
+    import numpy as np
+
+    from fid.data.questions import load_questions
+    from fid.metrics.has_answer import has_answer
+
+    texts, answers, sets = [], [], []
+    squad_rows = range(n_squad)
+    for q in load_questions(SQUAD_QUESTIONS):
+        rows = [r for r in squad_rows if has_answer(q["answers"], passages[r].text)]
+        if rows:
+            texts.append(q["question"])
+            answers.append(rows)
+            sets.append("squad")
+    rng = np.random.default_rng(seed)
+    for row, passage in enumerate(passages):
+        words = passage.text.split()
+        if len(words) < 2 * span_words:
+            continue
+        for start in rng.choice(len(words) - span_words, size=spans, replace=False):
+            texts.append(" ".join(words[start : start + span_words]))
+            answers.append([row])
+            sets.append("ict")
+    return texts, answers, sets
+
+
+def prepare(args):
+    """Embeds the real passages and questions (cached) and writes the corpus as 4 shards."""
+    import numpy as np
+
+    from fid.retrieval.embeddings import save_embedding_shard
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    cache = args.workdir / f"real_{args.span_words}_{args.spans_per_passage}.npz"
+    passages, n_squad = _real_passages()
+    texts, answers, sets = _questions(passages, n_squad, args.span_words, args.spans_per_passage, 0)
+    if not cache.is_file():
+        model, encode = load_model()
+        real, _ = embed(model, encode, passages)
+        queries = embed_questions(model, encode, texts)
+        np.savez(cache, real=real.astype(np.float32), queries=queries)
+    saved = np.load(cache)
+    real, queries = saved["real"], saved["queries"]
+    print(
+        f"\n{len(passages)} real passages, {len(texts)} questions "
+        f"({sets.count('squad')} squad, {sets.count('ict')} ict of {args.span_words} words)"
+    )
+    print_resemblance(real, queries)
+
+    started = time.perf_counter()
+    synthetic, _ = synthesize(real, args.size - len(real))
+    corpus = np.concatenate([real, synthetic]).astype(np.float16)
+    del synthetic
+    shards = args.workdir / "shards"
+    shutil.rmtree(shards, ignore_errors=True)
+    shards.mkdir()
+    bounds = np.linspace(0, args.size, 5).astype(int)
+    prefixes = []
+    for k in range(4):
+        lo, hi = bounds[k], bounds[k + 1]
+        ids = np.arange(lo, hi).astype(f"U{len(str(args.size))}")
+        save_embedding_shard(shards / f"shard{k}", corpus[lo:hi], ids, k, 4, "all-MiniLM-L6-v2")
+        prefixes.append(shards / f"shard{k}")
+    print(f"\nCorpus of {args.size} passages written in {time.perf_counter() - started:.0f} s")
+    return corpus, queries, answers, np.array(sets), prefixes
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+
+
+# Run in a fresh process: in this one, the heap freed by earlier indexes is reused.
+_LOAD_RSS = """
+import re, sys
+from pathlib import Path
+def anon():
+    return int(re.search(r"RssAnon:\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1])
+from fid.retrieval.index import PassageIndex
+before = anon()
+index = PassageIndex.load(sys.argv[1])
+print((anon() - before) / 1024)
+"""
+
+
+def _load_anon_mb(folder: Path) -> float:
+    """Anonymous memory (MB) that `PassageIndex.load(folder)` adds in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", _LOAD_RSS, str(folder)], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _mapped_kb(name: str) -> int:
+    """Resident kB of this process's mappings of files called `name` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = line.rstrip().endswith("/" + name)
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def _hits(rows, answers, k: int):
+    import numpy as np
+
+    return np.array(
+        [bool(set(r[:k].tolist()) & set(a)) for r, a in zip(rows, answers, strict=True)]
+    )
+
+
+def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_rows) -> list[dict]:
+    import numpy as np
+
+    from fid.config import IndexConfig
+    from fid.retrieval.index import PassageIndex, build_index
+
+    folder = args.workdir / f"index_{name}"
+    cfg = IndexConfig(choice.factory, train_sample=TRAIN_SAMPLE, rerank=choice.rerank)
+    gc.collect()
+    started, cpu = time.perf_counter(), time.process_time()
+    built = build_index(cfg, prefixes, folder)
+    build_s, build_cpu = time.perf_counter() - started, time.process_time() - cpu
+    del built
+    anon_mb = _load_anon_mb(folder)
+    index = PassageIndex.load(folder)
+    file_mb = (folder / "index.faiss").stat().st_size / 2**20
+    results = []
+    for knobs in choice.knobs:
+        index.set_search_params(**knobs)
+        index.search_rows(queries[:10], K)  # warm-up
+        started, cpu = time.perf_counter(), time.process_time()
+        _, ranked = index.search_rows(queries, K)
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        rows = ranked.rows
+        recall = (
+            None
+            if flat_rows is None
+            else float(
+                np.mean(
+                    [len(np.intersect1d(r, t)) / K for r, t in zip(rows, flat_rows, strict=True)]
+                )
+            )
+        )
+        results.append(
+            {
+                "choice": name,
+                "factory": choice.factory,
+                "rerank": choice.rerank,
+                "knobs": knobs,
+                "index_mb": file_mb,
+                "anon_mb": anon_mb,
+                "mapped_mb": _mapped_kb("vectors.npy") / 1024,
+                "build_s": build_s,
+                "build_cpu_s": build_cpu,
+                "ms": wall * 1000 / len(queries),
+                "cpu_ms": cpu * 1000 / len(queries),
+                "hits20": _hits(rows, answers, 20),
+                "hits100": _hits(rows, answers, 100),
+                "recall": recall,
+                "rows": rows if name == "flat" else None,
+            }
+        )
+    del index
+    shutil.rmtree(folder, ignore_errors=True)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def _knob_text(knobs: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in knobs.items()) or "exact"
+
+
+def report(results: list[dict], sets, args) -> None:
+    import numpy as np
+
+    flat = next(r for r in results if r["choice"] == "flat")
+    flat_mb = flat["index_mb"]
+    print(f"\n### Flat's own accuracy ({args.size} passages, d=384)\n")
+    print("| questions | n | top-20 | top-100 |")
+    print("|---|---|---|---|")
+    for label, mask in (("all", np.ones(len(sets), bool)), ("squad", sets == "squad"),
+                        ("ict", sets == "ict")):  # fmt: skip
+        print(
+            f"| {label} | {mask.sum()} | {flat['hits20'][mask].mean():.3f} | "
+            f"{flat['hits100'][mask].mean():.3f} |"
+        )
+    print(
+        f"\n### Compressed indexes vs Flat ({args.size} passages, d=384, {len(sets)} questions, "
+        "k=100, one thread)\n"
+    )
+    print(
+        "| choice | factory | rerank | knobs | index MB (x Flat) | +anon MB at load | "
+        "mapped MB after search | build s wall (CPU) | ms/question wall (CPU) | acc@20 / "
+        "Flat | acc@100 / Flat | Flat's hits kept @20 | kept @100 | recall@100 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        cells = []
+        for k in (20, 100):
+            ours, exact = r[f"hits{k}"], flat[f"hits{k}"]
+            cells.append(ours.mean() / exact.mean())
+        for k in (20, 100):
+            ours, exact = r[f"hits{k}"], flat[f"hits{k}"]
+            cells.append((ours & exact).sum() / exact.sum())
+        recall = "1" if r["choice"] == "flat" else f"{r['recall']:.3f}"
+        print(
+            f"| {r['choice']} | `{r['factory']}` | {'yes' if r['rerank'] else 'no'} | "
+            f"{_knob_text(r['knobs'])} | {r['index_mb']:.0f} (1/{flat_mb / r['index_mb']:.1f}) | "
+            f"{r['anon_mb']:.0f} | {r['mapped_mb']:.0f} | {r['build_s']:.0f} "
+            f"({r['build_cpu_s']:.0f}) | {r['ms']:.2f} ({r['cpu_ms']:.2f}) | "
+            + " | ".join(f"{c:.4f}" for c in cells)
+            + f" | {recall} |",
+            flush=True,
+        )
+    print(
+        "\nindex MB = index.faiss (codes, inverted-list ids, centroids, rotations); ids.npy and "
+        "vectors.npy are memory-mapped. 1/x = Flat's index.faiss / this one's. acc@k / Flat "
+        "can pass 1: a search that misses some synthetic distractors lifts a real answer "
+        "passage; 'kept' counts only Flat's hits (questions Flat answers in its top k that "
+        "this one answers too), the criterion for the default."
+    )
+    extrapolate(results, flat, args.size)
+
+
+def extrapolate(results, flat, n: int) -> None:
+    """Bytes per passage at d=384, scaled to 21M passages of d=768 and d=256."""
+    print("\n### Extrapolated to 21M passages (index.faiss only; ids.npy, vectors.npy mapped)\n")
+    print("| choice | factory at 384 | B/passage at 384 | 768-d analogue | GB at 21M x 768 | "
+          "x Flat (64.5 GB) | 256-d analogue | GB at 21M x 256 | x Flat (21.5 GB) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    n21 = 21_015_324
+    seen = set()
+    for r in results:
+        if r["choice"] in seen:
+            continue
+        seen.add(r["choice"])
+        per = r["index_mb"] * 2**20 / n
+        cells = []
+        for d in (768, 256):
+            factory, code = _analogue(r["factory"], d)
+            fixed = NLIST_21M * d * 4 if "IVF" in factory else 0  # coarse centroids
+            gb = (n21 * code + fixed) / 1e9
+            flat_gb = n21 * d * 4 / 1e9
+            cells.append(f"`{factory}` | {gb:.2f} | 1/{flat_gb / gb:.1f}")
+        print(f"| {r['choice']} | `{r['factory']}` | {per:.0f} | " + " | ".join(cells) + " |")
+
+
+def _analogue(factory: str, d: int) -> tuple[str, float]:
+    """The factory with the same bits per dimension at dimension d, and its bytes per passage
+    (codes + the 8-byte id each IVF list entry stores; HNSW: 2 x 32 links of 4 bytes)."""
+    scale = d / 384
+    out = re.sub(r"IVF\d+", f"IVF{NLIST_21M}", factory)
+    out = re.sub(r"OPQ(\d+)_(\d+)", lambda m: f"OPQ{int(int(m[1]) * scale)}_{d}", out)
+    out = re.sub(r"PCAR(\d+)", lambda m: f"PCAR{int(int(m[1]) * scale)}", out)
+    out = re.sub(r"(?<=,)PQ(\d+)", lambda m: f"PQ{int(int(m[1]) * scale)}", out)
+    ids = 8 if "IVF" in out else 0
+    if out == "Flat":
+        return out, 4 * d
+    if out.startswith("HNSW"):
+        return out, 4 * d + 2 * 32 * 4
+    if m := re.search(r",PQ(\d+)x4fs", out):
+        return out, int(m[1]) / 2 + ids
+    if m := re.search(r",PQ(\d+)", out):
+        return out, int(m[1]) + ids
+    if "SQ8" in out:
+        m = re.search(r"PCAR(\d+)", out)
+        return out, (int(m[1]) if m else d) + ids
+    raise ValueError(factory)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=1_000_000, help="passages in the corpus")
+    parser.add_argument(
+        "--choices", nargs="+", default=DEFAULT_CHOICES, choices=list(_choices(384))
+    )
+    parser.add_argument("--span-words", type=int, default=12, help="words of an ict question")
+    parser.add_argument("--spans-per-passage", type=int, default=3)
+    parser.add_argument("--workdir", type=Path, default=WORKDIR)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    one_thread()
+    started = time.perf_counter()
+    corpus, queries, answers, sets, prefixes = prepare(args)
+    del corpus
+    choices = _choices(queries.shape[1])
+    names = ["flat"] + [c for c in args.choices if c != "flat"]
+    results, flat_rows = [], None
+    for name in names:
+        print(f"\n... {name}: {choices[name].factory}", flush=True)
+        rows = measure(name, choices[name], args, queries, answers, prefixes, flat_rows)
+        if name == "flat":
+            flat_rows = rows[0]["rows"]
+        results.extend(rows)
+    report(results, sets, args)
+    print(f"\nTotal wall time {time.perf_counter() - started:.0f} s")
+    if args.json:
+        keep = [{k: v for k, v in r.items() if k not in ("rows", "hits20", "hits100")}
+                | {"acc20": float(r["hits20"].mean()), "acc100": float(r["hits100"].mean())}
+                for r in results]  # fmt: skip
+        args.json.write_text(json.dumps(keep, indent=2))
+
+
+if __name__ == "__main__":
+    main()
