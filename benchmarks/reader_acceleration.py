@@ -200,7 +200,7 @@ def quality(args) -> None:
     import torch
 
     from fid.data.examples import load_examples
-    from fid.metrics.bootstrap import paired_bootstrap_interval
+    from fid.evaluation.bootstrap import paired_bootstrap_interval
 
     torch.set_num_threads(1)
     examples = load_examples(args.questions, passages=args.passages)

@@ -16,6 +16,11 @@ class InputError(ValueError):
     """
 
 
+class ConfigError(InputError):
+    """A configuration file or value is not what a subcommand accepts (also raised by the
+    models for settings no model of their shape can take: a reader variant's knobs)."""
+
+
 class DataError(InputError):
     """A data file is missing or does not hold what the format promises."""
 

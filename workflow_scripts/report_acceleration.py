@@ -9,7 +9,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
-from fid.metrics.bootstrap import paired_bootstrap_interval
+from fid.evaluation.bootstrap import paired_bootstrap_interval
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)

@@ -16,11 +16,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from fid.errors import InputError
-
-
-class ConfigError(InputError):
-    """A configuration file or value is not what a subcommand accepts."""
+from fid.errors import ConfigError  # noqa: F401  (fid.config's error, defined with the others)
 
 
 def check_finite(name: str, value: Any):

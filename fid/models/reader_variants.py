@@ -39,7 +39,7 @@ from __future__ import annotations
 from torch import nn
 from transformers import T5ForConditionalGeneration
 
-from fid.config import ConfigError, check_range
+from fid.errors import ConfigError
 
 
 class NoCrossAttention(nn.Module):
@@ -96,12 +96,14 @@ def check_variant(
             [1, decoder_layers]; either set on a model that keeps a released FiD checkpoint's
             cross-attention position bias.
     """
-    check_range("light_tokens", light_tokens, low=1, allow_none=True)
-    check_range(
-        "cross_attention_every", cross_attention_every, low=1, high=decoder_layers,
-        allow_none=True,
-        what=f"1 to {decoder_layers} (the reader's decoder has {decoder_layers} layers)",
-    )  # fmt: skip
+    # (fid.config's check_range, written out: models read no configs)
+    if light_tokens is not None and not light_tokens >= 1:
+        raise ConfigError(f"light_tokens = {light_tokens!r} is out of range: expected >= 1")
+    if cross_attention_every is not None and not 1 <= cross_attention_every <= decoder_layers:
+        raise ConfigError(
+            f"cross_attention_every = {cross_attention_every!r} is out of range: expected 1 to "
+            f"{decoder_layers} (the reader's decoder has {decoder_layers} layers)"
+        )
     if cross_attention_bias:
         for name, value, plain in (
             ("light_tokens", light_tokens, None),

@@ -52,6 +52,26 @@ def test_finished_run_is_up_to_date(tiny_run):
     assert _plan(tiny_run) == set()
 
 
+def test_accelerated_evaluation_is_reported(tiny_run):
+    # eval_reader_accelerations.prune2 of the tiny config: each round and split against plain
+    import pandas as pd
+
+    report = tiny_run / "results/tiny/report"
+    table = pd.read_csv(report / "acceleration.csv")
+    assert len(table) == 2 * 2 * 2 and set(table["setting"]) == {"plain", "prune2"}
+    fast = table[table["setting"] == "prune2"]
+    assert (fast["CI low"] <= fast["EM difference"]).all()
+    assert (fast["EM difference"] <= fast["CI high"]).all()
+    assert (fast["speed-up"] > 0).all() and (report / "acceleration.png").stat().st_size > 10_000
+    metrics = json.loads(
+        (tiny_run / "results/tiny/iter1/reader/eval_fast/prune2/dev.json").read_text()
+    )
+    assert metrics["generation"]["acceleration"] == {
+        "keep_passages": 2, "keep_passages_by": "mean_logit", "keep_tokens_step": 1,
+        "keep_tokens_by_value_norm": False,
+    }  # fmt: skip
+
+
 def test_deleting_a_retriever_reruns_only_its_dependents(tiny_run):
     model = "results/tiny/iter1/retriever/model"
     shutil.rmtree(tiny_run / model)
