@@ -110,6 +110,15 @@ for name in set(COMPARE) - {"bm25"} - set(PRETRAINED):
     fail("compare", f"{name!r} is not under pretrained", "add it there, or drop it")
 if CURRICULUM and not DEMO:
     fail("data.curriculum", "only the demo world has gold lists", "remove it")
+_index, _search = (
+    config_from_dict(STAGES[k][1], STAGES[k][0]) for k in ("build_index", "retrieve")
+)
+if _index.rerank and _search.shortlist is None and _index.shortlist < _search.top_k:
+    fail(
+        "build_index.shortlist",
+        f"{_index.shortlist} candidates cannot give retrieve.top_k = {_search.top_k}",
+        "raise it, or set retrieve.shortlist >= top_k",
+    )
 for name, spec in EXTRACTS.items():
     if spec["archive"] not in DOWNLOADS:
         fail(f"data.extract.{name}.archive", "is no download", "name one")

@@ -119,3 +119,9 @@ def test_bad_accelerated_evaluations(tmp_path):
         tmp_path / "c.yaml", DEMO, eval_reader_accelerations={"$(x)": {"keep_passages": 2}}
     )
     _fails(tmp_path, config, "'$(x)' does not match")
+
+
+def test_a_shortlist_shorter_than_top_k_stops_before_the_index_is_built(tmp_path):
+    index = {"factory": "Flat", "rerank": True, "shortlist": 10}
+    config = write_config(tmp_path / "c.yaml", DEMO, build_index=index)  # retrieve.top_k: 20
+    _fails(tmp_path, config, "config key 'build_index.shortlist'", "retrieve.top_k = 20")
