@@ -268,9 +268,12 @@ TRAIN_OVERRIDES = {
     "eval_reader": {"n_passages": 20},
 }
 # Fine-tuned from that reader by `fid train-reader --init-model` (the demo's 2 decoder layers:
-# FiDO's K = 2 keeps cross-attention in layer 0 only).
+# FiDO's K = 2 keeps cross-attention in layer 0 only); "plain" fine-tunes it as long with
+# nothing changed, the fair baseline of the variants' exact match.
 FINE_TUNED = {
+    "plain": {},  # the control: the same fine-tuning with nothing changed
     "fidlight16": {"light_tokens": 16},
+    "fidlight32": {"light_tokens": 32},
     "fido2": {"cross_attention_every": 2},
 }
 
