@@ -11,12 +11,16 @@ the encoder (FiDReader.encode, measured alone) and the rest (the decoder: its fi
 projects the T = N x ~150 encoder states into every layer's keys and values, then each step
 reads them).
 
+`train`: the reader the quality part needs (a demo-world reader of 20 passages, trained by the
+workflow in --workdir) and its fine-tuned variants with a plain fine-tuning as their control.
+
 `quality`: exact match of a trained reader on a question file, plain against each option, with
 the paired bootstrap 95% interval of the EM difference (10,000 resamples of the questions),
 and CPU seconds per question. --variant NAME=MODEL adds fine-tuned readers (FiD-Light, FiDO)
 evaluated the plain way against the same base.
 
-    python benchmarks/reader_acceleration.py speed --questions 4 --n 100 --steps 20
+    python benchmarks/reader_acceleration.py speed --questions 2 --n 100 --steps 20
+    python benchmarks/reader_acceleration.py train --workdir /tmp/accel   # ~40 min on 2 cores
     python benchmarks/reader_acceleration.py quality --model M --questions dev.json --n 20 \
         [--passages STORE] [--variant fidlight=M2] [--plot pareto.png]
 """
