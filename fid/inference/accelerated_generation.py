@@ -159,8 +159,11 @@ def _eliminate_within_step(t5, cache, queries, encoding: FusedEncoding, N: int, 
         state.order = torch.argsort((~state.keep).to(torch.int8), dim=1, stable=True)[:, :width]
         state.valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
 
+    # each cross-attention sublayer's position among the layers that have cross-attention
+    index_of = {id(block.layer[1]): i for i, block in enumerate(blocks)}
+
     def swap(module, args, kwargs):
-        index = blocks.index(module.block)
+        index = index_of[id(module)]
         cached = cache.cross_attention_cache.layers[index]
         if getattr(cached, "keys", None) is not None and cached.keys.numel() > 0:
             _gather_layer(cached, state.order)
@@ -176,15 +179,12 @@ def _eliminate_within_step(t5, cache, queries, encoding: FusedEncoding, N: int, 
 
     handles = [blocks[layer].layer[1].register_forward_hook(rank)]
     for block in blocks[layer + 1 :]:
-        block.layer[1].block = block
         handles.append(block.layer[1].register_forward_pre_hook(swap, with_kwargs=True))
     try:
         yield state
     finally:
         for handle in handles:
             handle.remove()
-        for block in blocks[layer + 1 :]:
-            del block.layer[1].block
 
 
 def _cut_mask(mask, state: _WithinStep, kwargs) -> torch.Tensor:
