@@ -166,6 +166,7 @@ localrules:
     report_flags,
     report_plots,
     report_config,
+    report_acceleration,
 
 
 # ---------------------------------------------------------------- paths
