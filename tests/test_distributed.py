@@ -176,9 +176,11 @@ def test_eval_and_scoring_lose_nothing_on_1_2_3_ranks(tmp_path, tiny_model_dir, 
                 tmp_path / f"m{world}.json"], world, tmp_path)  # fmt: skip
         launch(["score-passages", "--config", score_config, "--model", tiny_model_dir, "--questions",
                 questions, "--output", tmp_path / f"s{world}.json"], world, tmp_path)  # fmt: skip
+        metrics = json.loads((tmp_path / f"m{world}.json").read_text())
+        assert metrics.pop("generation")["questions_per_second"] > 0  # speed: not a result
         outputs[world] = (
             (tmp_path / f"p{world}.jsonl").read_text(),
-            json.loads((tmp_path / f"m{world}.json").read_text()),
+            metrics,
             json.loads((tmp_path / f"s{world}.json").read_text()),
         )
     assert len(outputs[1][0].splitlines()) == 7 and outputs[1][1]["n_scored"] == 7
