@@ -128,7 +128,7 @@ def dotted(path: tuple) -> str:
 def _base_config(workdir: Path) -> dict:
     """config/own_data.yaml on samples/squad-open-tiny with every optional string key in use:
     a download (a file:// URL of a local tar archive), an extract member, an index file, both
-    kinds of pretrained encoder and SLURM resources."""
+    kinds of pretrained encoder, an accelerated evaluation and SLURM resources."""
     data = workdir / "data" / "own"
     data.mkdir(parents=True)
     for name in ("psgs_w100.tsv", "questions.jsonl"):
@@ -152,6 +152,7 @@ def _base_config(workdir: Path) -> dict:
     config["data"]["questions"]["train"]["input"] = "resources/own/extracted/q.jsonl"
     config["data"]["questions"]["dev"]["index"] = "data/own/idx.json"
     config["pretrained"]["hub"] = {"model": "sentence-transformers/all-MiniLM-L6-v2"}
+    config["eval_reader_accelerations"] = {"prune1": {"keep_passages": 1}}  # its names
     config["resources"]["default"].update(
         slurm_partition="cpu", slurm_account="lab", slurm_extra="--qos=short", constraint="intel"
     )
