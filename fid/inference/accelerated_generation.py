@@ -119,10 +119,10 @@ def accelerated_decode(
         finished |= chosen == config.eos_token_id
         if finished.all():
             break
-        if ranking:
-            keep = cut.keep if within else None
-            if "passages" in ranking or not within:
-                keep = _tokens_to_keep(ranking, queries, cache, encoding, N, config.num_heads, cfg)
+        if ranking:  # (EvalReaderConfig refuses pruning with an in-step cut at the same step)
+            keep = cut.keep if within else _tokens_to_keep(
+                ranking, queries, cache, encoding, N, config.num_heads, cfg
+            )  # fmt: skip
             encoding = _keep_tokens(encoding, cache, keep)
     return tokens
 
@@ -154,10 +154,7 @@ def _eliminate_within_step(t5, cache, queries, encoding: FusedEncoding, N: int, 
 
     def rank(module, args, output):
         state.keep = _tokens_to_keep(["tokens"], queries, cache, encoding, N, H, cfg)
-        counts = state.keep.sum(dim=1)  # (B,)
-        width = max(int(counts.max()), 1)
-        state.order = torch.argsort((~state.keep).to(torch.int8), dim=1, stable=True)[:, :width]
-        state.valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
+        state.order, state.valid = _kept_positions(state.keep)
 
     # each cross-attention sublayer's position among the layers that have cross-attention
     index_of = {id(block.layer[1]): i for i, block in enumerate(blocks)}
@@ -286,12 +283,8 @@ def _keep_tokens(
 ) -> FusedEncoding:
     """The encoding and every layer's cross-attention keys/values cut down to the kept tokens,
     each question's in their original order, right-padded to the longest kept count T'."""
-    B, T = keep.shape
-    counts = keep.sum(dim=1)  # (B,)
-    width = max(int(counts.max()), 1)
-    # Kept positions first, in order (a stable sort of "not kept"), then the dropped ones.
-    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]  # (B, T')
-    mask = torch.arange(width, device=keep.device)[None, :] < counts[:, None]  # (B, T')
+    T = keep.shape[1]
+    order, mask = _kept_positions(keep)
     for layer in _cross_layers(cache):
         if layer.keys.shape[2] == T:  # not cut inside the step already
             _gather_layer(layer, order)  # (B, H, T', dk)
@@ -300,6 +293,16 @@ def _keep_tokens(
     )  # (B, T', D): not read again (the cache holds its keys and values), kept for the shapes
     token_passage = encoding.token_passage.gather(1, order).masked_fill(~mask, -1)
     return FusedEncoding(hidden=hidden, mask=mask.long(), token_passage=token_passage)
+
+
+def _kept_positions(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a (B, T) keep mask: (B, T') positions of each question's kept tokens, in order, then
+    padding (T' = the most kept by a question), and the (B, T') mask of the real ones."""
+    counts = keep.sum(dim=1)  # (B,)
+    width = max(int(counts.max()), 1)
+    # Kept positions first, in order (a stable sort of "not kept"), then the dropped ones.
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]
+    return order, torch.arange(width, device=keep.device)[None, :] < counts[:, None]
 
 
 def _cross_layers(cache: EncoderDecoderCache) -> list:
