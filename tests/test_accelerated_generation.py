@@ -133,7 +133,7 @@ def test_token_elimination_keeps_the_top_tokens_of_the_chosen_layer(reader, batc
         torch.testing.assert_close(after.hidden[b, :n_keep], before.hidden[b, kept_rows])
 
 
-def test_pruning_changes_what_later_steps_read(reader, batch):
+def test_pruning_decides_the_first_token_over_every_passage(reader, batch):
     # One passage of six: the answers after the first token may differ; the first may not.
     plain = reader.generate(batch.input_ids, batch.attention_mask, STEPS)
     pruned = accelerated_generate(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fid.config import EvalReaderConfig
 from fid.data.examples import Example, load_examples, take, without_passages
 from fid.inference.batching import reader_and_collator
 from fid.inference.generation import generate_answers
@@ -21,10 +23,7 @@ from fid.runtime.precision import autocast
 logger = logging.getLogger(__name__)
 
 # EvalReaderConfig's passage pruning and token elimination knobs, recorded in the metrics
-ACCELERATION_KEYS = (
-    "keep_passages", "keep_passages_by", "keep_tokens", "keep_tokens_step", "keep_tokens_layer",
-    "keep_tokens_by_value_norm",
-)  # fmt: skip
+ACCELERATION_KEYS = tuple(f.name for f in fields(EvalReaderConfig) if f.name.startswith("keep_"))
 
 
 def prediction_records(examples: Sequence[Example], predictions: Sequence[str]) -> list[dict]:
