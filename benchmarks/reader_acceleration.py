@@ -20,7 +20,7 @@ and CPU seconds per question. --variant NAME=MODEL adds fine-tuned readers (FiD-
 evaluated the plain way against the same base.
 
     python benchmarks/reader_acceleration.py speed --questions 2 --n 100 --steps 20
-    python benchmarks/reader_acceleration.py train --workdir /tmp/accel   # ~40 min on 2 cores
+    python benchmarks/reader_acceleration.py train --workdir /tmp/accel   # ~70 min on 2 cores
     python benchmarks/reader_acceleration.py quality --model M --questions dev.json --n 20 \
         [--passages STORE] [--variant fidlight=M2] [--plot pareto.png]
 """
@@ -279,6 +279,7 @@ FINE_TUNED = {
     "fidlight16": {"light_tokens": 16},
     "fidlight32": {"light_tokens": 32},
     "fido2": {"cross_attention_every": 2},
+    "fidlight32_fido2": {"light_tokens": 32, "cross_attention_every": 2},
 }
 
 
@@ -310,8 +311,9 @@ def train(args) -> None:
          str(work / "config.yaml"), "--directory", str(work), "--cores", str(args.cores), *targets],
         check=True, env=env,
     )  # fmt: skip
-    for name, settings in FINE_TUNED.items():
-        folder = work / "variants" / name
+    chosen = {name: FINE_TUNED[name] for name in args.variants}
+    for name, settings in chosen.items():
+        folder = work / "variants" / f"{name}_{args.fine_tune_steps}"
         if (folder / "model").exists():
             continue
         folder.mkdir(parents=True, exist_ok=True)
@@ -327,8 +329,8 @@ def train(args) -> None:
         )  # fmt: skip
     print(f"base reader: {results / 'reader' / 'model'}")
     print(f"questions: {results / 'reader_lists' / 'test.json'} (dev.json too)")
-    for name in FINE_TUNED:
-        print(f"variant {name}: {work / 'variants' / name / 'model'}")
+    for name in chosen:
+        print(f"variant {name}: {work / 'variants' / f'{name}_{args.fine_tune_steps}' / 'model'}")
 
 
 def main() -> None:
@@ -355,7 +357,8 @@ def main() -> None:
     t = sub.add_parser("train")
     t.add_argument("--workdir", type=Path, default=Path("/tmp/fid_reader_acceleration"))
     t.add_argument("--cores", type=int, default=2)
-    t.add_argument("--fine-tune-steps", type=int, default=600)
+    t.add_argument("--fine-tune-steps", type=int, default=2400)
+    t.add_argument("--variants", nargs="+", choices=list(FINE_TUNED), default=list(FINE_TUNED))
     args = parser.parse_args()
     {"speed": speed, "quality": quality, "train": train}[args.part](args)
 
