@@ -291,6 +291,12 @@ def _merge(base: dict, extra: dict) -> dict:
     return merged
 
 
+def _variant_folder(name: str, args) -> str:
+    """plain_2400: 2,400 steps from the base reader; plain_2400+2400: 2,400 more from that."""
+    steps = str(args.fine_tune_steps)
+    return f"{name}_{args.continue_from}+{steps}" if args.continue_from else f"{name}_{steps}"
+
+
 def train(args) -> None:
     """Trains the base reader (Snakemake, in --workdir) and the fine-tuned variants."""
     import subprocess
@@ -313,7 +319,10 @@ def train(args) -> None:
     )  # fmt: skip
     chosen = {name: FINE_TUNED[name] for name in args.variants}
     for name, settings in chosen.items():
-        folder = work / "variants" / f"{name}_{args.fine_tune_steps}"
+        folder = work / "variants" / _variant_folder(name, args)
+        start = results / "reader" / "model"
+        if args.continue_from:  # a second fine-tuning of the variant's own earlier one
+            start = work / "variants" / f"{name}_{args.continue_from}" / "model"
         if (folder / "model").exists():
             continue
         folder.mkdir(parents=True, exist_ok=True)
@@ -322,15 +331,15 @@ def train(args) -> None:
         subprocess.run(
             [str(bin_dir / "fid"), "--threads", str(args.cores), "train-reader", "--config",
              str(folder / "config.yaml"), "--train", str(results / "reader_lists" / "train.json"),
-             "--dev", str(results / "reader_lists" / "dev.json"), "--init-model",
-             str(results / "reader" / "model"), "--output", str(folder / "model"),
+             "--dev", str(results / "reader_lists" / "dev.json"), "--init-model", str(start),
+             "--output", str(folder / "model"),
              "--state-root", str(folder / "state")],
             check=True, env=env,
         )  # fmt: skip
     print(f"base reader: {results / 'reader' / 'model'}")
     print(f"questions: {results / 'reader_lists' / 'test.json'} (dev.json too)")
     for name in chosen:
-        print(f"variant {name}: {work / 'variants' / f'{name}_{args.fine_tune_steps}' / 'model'}")
+        print(f"variant {name}: {work / 'variants' / _variant_folder(name, args) / 'model'}")
 
 
 def main() -> None:
@@ -358,6 +367,11 @@ def main() -> None:
     t.add_argument("--workdir", type=Path, default=Path("/tmp/fid_reader_acceleration"))
     t.add_argument("--cores", type=int, default=2)
     t.add_argument("--fine-tune-steps", type=int, default=2400)
+    t.add_argument(
+        "--continue-from",
+        type=int,
+        help="start each variant from its own fine-tuning of this many steps (a new schedule)",
+    )
     t.add_argument("--variants", nargs="+", choices=list(FINE_TUNED), default=list(FINE_TUNED))
     args = parser.parse_args()
     {"speed": speed, "quality": quality, "train": train}[args.part](args)
