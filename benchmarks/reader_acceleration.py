@@ -280,6 +280,9 @@ FINE_TUNED = {
     "fidlight32": {"light_tokens": 32},
     "fido2": {"cross_attention_every": 2},
     "fidlight32_fido2": {"light_tokens": 32, "cross_attention_every": 2},
+    # a second training seed (data order, dropout) of two of them: how far one run is from another
+    "plain_seed1": {"seed": 1},
+    "fidlight16_seed1": {"light_tokens": 16, "seed": 1},
 }
 
 
