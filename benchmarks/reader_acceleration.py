@@ -20,7 +20,11 @@ and CPU seconds per question. --variant NAME=MODEL adds fine-tuned readers (FiD-
 evaluated the plain way against the same base.
 
     python benchmarks/reader_acceleration.py speed --questions 2 --n 100 --steps 20
-    python benchmarks/reader_acceleration.py train --workdir /tmp/accel   # ~70 min on 2 cores
+    python benchmarks/reader_acceleration.py speed --questions 32 --n 100 --steps 20 \
+        --batch-size 8 --device cuda --options ...                      # on a GPU: wall time
+    python benchmarks/reader_acceleration.py train --workdir /tmp/accel   # ~80 min on 2 cores
+    python benchmarks/reader_acceleration.py train --workdir /tmp/accel --continue-from 2400 \
+        --variants plain fidlight16                                      # 2,400 steps more
     python benchmarks/reader_acceleration.py quality --model M --questions dev.json --n 20 \
         [--passages STORE] [--variant fidlight=M2] [--plot pareto.png]
 """
@@ -75,6 +79,21 @@ def _cpu() -> float:
     return time.process_time()
 
 
+def _clock(device):
+    """CPU seconds of this process on a CPU; on a GPU wall seconds after the queued kernels
+    finish (CPU time there measures only the launching)."""
+    import torch
+
+    if device.type != "cuda":
+        return _cpu
+
+    def wall() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return wall
+
+
 # ------------------------------------------------------------------------------------ speed
 
 
@@ -109,6 +128,8 @@ def speed(args) -> None:
     from fid.models.reader import FiDReader
 
     torch.set_num_threads(1)
+    device = torch.device(args.device)
+    clock = _clock(device)
     examples, texts = _speed_examples(args.questions, args.n)
     tokenizer = train_tokenizer(texts, vocab_size=32000)
     torch.manual_seed(0)
@@ -119,22 +140,24 @@ def speed(args) -> None:
     t5 = T5ForConditionalGeneration(config).eval()
     with torch.no_grad():
         t5.lm_head.weight[config.eos_token_id] = 0  # EOS logit 0: never the argmax
+    t5 = t5.to(device)
     reader = FiDReader(t5)
-    reader.set_attention("auto", torch.device("cpu"))
+    reader.set_attention("auto", device)
     collator = ReaderCollator(tokenizer, args.n, 250)
     batches = [
-        collator(examples[i : i + args.batch_size])
+        collator(examples[i : i + args.batch_size]).to(device)
         for i in range(0, len(examples), args.batch_size)
     ]
     tokens = sum(int(b.attention_mask.sum()) for b in batches) / len(examples)
     print(
         f"\n### Greedy generation: {len(examples)} questions x {args.n} DPR passages "
         f"({tokens:,.0f} encoder tokens per question), {args.steps} tokens each, batch "
-        f"{args.batch_size}, t5-small shape, 1 CPU thread\n"
+        f"{args.batch_size}, t5-small shape, fp32, {_where(device)}\n"
     )
     with torch.no_grad():
         reader.generate(batches[0].input_ids, batches[0].attention_mask, 2)  # warm-up
-        print("| setting | questions/s | speed-up | decoder CPU s/question | decoder speed-up |")
+        unit = "CPU s" if device.type != "cuda" else "s"
+        print(f"| setting | questions/s | speed-up | decoder {unit}/question | decoder speed-up |")
         print("|---|---:|---:|---:|---:|")
         base = None
         encode_s = []
@@ -144,10 +167,10 @@ def speed(args) -> None:
             variant = FiDReader(copy.deepcopy(t5), **VARIANTS[name]) if name in VARIANTS else None
             encoder, decoder = 0.0, 0.0
             for batch in batches:
-                started = _cpu()
+                started = clock()
                 encoding = (variant or reader).encode(batch.input_ids, batch.attention_mask)
-                encoder += _cpu() - started
-                started = _cpu()
+                encoder += clock() - started
+                started = clock()
                 if name == "plain" or variant:  # transformers' generate, as eval-reader runs it
                     out = (variant or reader).t5.generate(
                         encoder_outputs=BaseModelOutput(last_hidden_state=encoding.hidden),
@@ -156,7 +179,7 @@ def speed(args) -> None:
                     )  # fmt: skip
                 else:  # our loop ("plain, our loop": the same loop with nothing cut)
                     out = accelerated_decode(reader, encoding, args.n, args.steps, cfg)
-                decoder += _cpu() - started
+                decoder += clock() - started
                 assert out.shape[1] == args.steps + 1, out.shape
             encoder, decoder = encoder / len(examples), decoder / len(examples)
             encode_s.append(encoder)
@@ -167,9 +190,17 @@ def speed(args) -> None:
                 f"{base[1] / decoder:.2f}x |"
             )
     print(
-        f"\nencoder: {np.mean(encode_s):.2f} CPU s per question (mean of the settings' "
+        f"\nencoder: {np.mean(encode_s):.2f} {unit} per question (mean of the settings' "
         f"encodings, {min(encode_s):.2f}-{max(encode_s):.2f})"
     )
+
+
+def _where(device) -> str:
+    if device.type == "cuda":
+        import torch
+
+        return f"{torch.cuda.get_device_name(device)} (wall time)"
+    return "1 CPU thread (CPU time)"
 
 
 # ---------------------------------------------------------------------------------- quality
@@ -212,7 +243,7 @@ def quality(args) -> None:
         examples = examples[: args.max_questions]
     runs = [(name, args.model, OPTIONS[name]) for name in args.options]
     for variant in args.variant:
-        name, _, path = variant.partition("=")
+        name, _, path = variant.rpartition("=")  # a name may hold "=" ("k=16")
         runs.append((name, Path(path), {}))
     print(
         f"\n### Exact match against the plain reader: {len(examples)} questions x {args.n} "
@@ -353,6 +384,7 @@ def main() -> None:
     s.add_argument("--n", type=int, default=100)
     s.add_argument("--steps", type=int, default=20)
     s.add_argument("--batch-size", type=int, default=1)
+    s.add_argument("--device", default="cpu", help="cpu, or cuda: wall time on the GPU")
     s.add_argument("--options", nargs="+", default=["plain", "plain, our loop", "prune k=5", "prune k=10",
                                                     "tokens 5%", "tokens 10%", "tokens 25%"])  # fmt: skip
     q = sub.add_parser("quality")
