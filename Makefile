@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo reader-demo test lint bench clean
+.PHONY: setup demo reader-demo slurm-profile test lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +28,11 @@ demo: setup
 # The reader alone (train -> evaluate -> score), ~4 min: scripts/demo.sh.
 reader-demo: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh demo
+
+# `snakemake --profile slurm` by name, from any folder: links profiles/slurm into Snakemake's
+# user config folder (never overwrites another profile of that name).
+slurm-profile: setup
+	PYTHON=$(BIN)/python bash scripts/link_slurm_profile.sh
 
 test: setup
 	$(BIN)/ruff check .
