@@ -56,3 +56,4 @@ rule all:
     default_target: True
     input:
         REPORT,
+        RUNTIMES,

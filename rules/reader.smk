@@ -33,7 +33,7 @@ rule init_reader:
         **res("init_reader"),
     shell:
         fid("init_reader") + " init-reader --config {input.config:q}"
-        " --corpus {input.corpus:q} --output {output:q} > {log:q} 2>&1"
+        " --corpus {input.corpus:q} --output {output:q}"
 
 
 rule train_reader:
@@ -62,7 +62,7 @@ rule train_reader:
         fid("train_reader") + " train-reader --config {input.config:q}"
         " --train {input.train:q} --dev {input.dev:q} --init-model {params.init:q}"
         " --output {output:q} --state-root {params.state_root:q} {params.passages:q}"
-        " > {log:q} 2>&1"
+        ""
 
 
 rule score_passages:
@@ -88,7 +88,7 @@ rule score_passages:
     shell:
         fid("score_passages") + " score-passages --config {input.config:q}"
         " --model {input.model:q} --questions {input.questions:q}"
-        " --output {output:q} {params.passages:q} > {log:q} 2>&1"
+        " --output {output:q} {params.passages:q}"
 
 
 rule make_reader_lists:
@@ -101,6 +101,8 @@ rule make_reader_lists:
         "results/{run}/iter0/reader_lists/{split}.json",
     log:
         "logs/make_reader_lists/{run}/{split}.log",
+    benchmark:
+        "logs/benchmarks/make_reader_lists/{run}/{split}.tsv"
     priority: 50
     conda:
         "envs/fid.yaml"
@@ -111,4 +113,4 @@ rule make_reader_lists:
         fid("make_reader_lists")
         + " make-reader-lists --config {input.config:q} --retrieved {input.retrieved:q}"
         " --questions {input.questions:q} --passages {input.passages:q}"
-        " --output {output:q} > {log:q} 2>&1"
+        " --output {output:q}"

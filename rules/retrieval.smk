@@ -35,7 +35,7 @@ rule init_retriever:
         **res("init_retriever"),
     shell:
         fid("init_retriever") + " init-retriever --config {input.config:q}"
-        " --corpus {input.corpus:q} --output {output:q} > {log:q} 2>&1"
+        " --corpus {input.corpus:q} --output {output:q}"
 
 
 rule build_bm25:
@@ -57,7 +57,7 @@ rule build_bm25:
     shell:
         fid("build_bm25")
         + " build-bm25 --config {input.config:q} --passages {input.passages:q}"
-        " --output {output:q} > {log:q} 2>&1"
+        " --output {output:q}"
 
 
 rule retrieve_bm25:
@@ -82,7 +82,7 @@ rule retrieve_bm25:
         fid("retrieve_bm25")
         + " retrieve-bm25 --config {input.config:q} --index {input.index:q}"
         " --passages {input.passages:q} --questions {input.questions:q}"
-        " --output {output:q} > {log:q} 2>&1"
+        " --output {output:q}"
 
 
 rule train_retriever:
@@ -109,7 +109,7 @@ rule train_retriever:
         fid("train_retriever") + " train-retriever --config {input.config:q}"
         " --train {input.train:q} --dev {input.dev:q} --init-model {params.init:q}"
         " --output {output:q} --state-root {params.state_root:q} {params.passages:q}"
-        " > {log:q} 2>&1"
+        ""
 
 
 rule embed_passages:
@@ -140,7 +140,7 @@ rule embed_passages:
     shell:
         fid("embed_passages") + " embed-passages --config {input.config:q}"
         " --model {params.model:q} --passages {input.passages:q} --shard {wildcards.k:q}"
-        " --n-shards {params.shards:q} --output {params.prefix:q} > {log:q} 2>&1"
+        " --n-shards {params.shards:q} --output {params.prefix:q}"
 
 
 rule build_index:
@@ -171,7 +171,7 @@ rule build_index:
         ],
     shell:
         fid("build_index") + " build-index --config {input.config:q}"
-        " --shards {params.prefixes:q} --output {output:q} > {log:q} 2>&1"
+        " --shards {params.prefixes:q} --output {output:q}"
 
 
 rule retrieve:
@@ -200,4 +200,4 @@ rule retrieve:
     shell:
         fid("retrieve") + " retrieve --config {input.config:q}"
         " --model {params.model:q} --index {input.index:q} --passages {input.passages:q}"
-        " --questions {input.questions:q} --output {output:q} > {log:q} 2>&1"
+        " --questions {input.questions:q} --output {output:q}"

@@ -319,6 +319,7 @@ def test_fsdp_matches_ddp_and_resumes_from_sharded_checkpoints(
     # Lose the last checkpoint and the model: the rerun resumes from the sharded step-2.
     shutil.rmtree(state / "step-4")
     shutil.rmtree(tmp_path / "m-fsdp")
+    (state / "finished.json").unlink()  # as if it never got as far as its export
     logs = launch(["train-reader", "--config", tmp_path / "fsdp.yaml", "--train", train,
                    "--dev", dev, "--init-model", tiny_model_dir, "--output", tmp_path / "m-fsdp",
                    "--state-dir", state], 2, tmp_path)  # fmt: skip

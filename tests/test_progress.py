@@ -124,3 +124,73 @@ def test_a_bad_interval_in_the_environment_names_the_variable(clock, monkeypatch
     monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "often")
     with pytest.raises(ValueError, match="FID_PROGRESS_INTERVAL_S='often': expected the seconds"):
         progress(desc="x", unit="items", log=log)
+
+
+def _run_on_a_terminal(command: list[str], env: dict) -> tuple[int, str]:
+    """Runs `command` with stdout and stderr on a pseudo-terminal (Snakemake started at a
+    terminal: its jobs inherit it); its exit status and what the terminal showed."""
+    import os
+    import pty
+    import subprocess
+
+    master, slave = pty.openpty()
+    process = subprocess.Popen(command, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the terminal's last holder is gone
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    return process.wait(), shown.decode().replace("\r\n", "\n")
+
+
+def test_a_workflow_jobs_console_shows_its_progress_results_and_warnings(
+    tmp_path, tiny_model_dir, toy_records
+):
+    """`fid --log-file LOG` (every workflow rule): the console, shared with Snakemake and other
+    jobs, gets lines (never a bar, even on a terminal) naming the job, with steps, ETA and loss
+    at most every FID_PROGRESS_INTERVAL_S seconds, and the dev result; the log file gets every
+    record."""
+    import json
+    import os
+    import sys
+
+    import yaml
+
+    train, dev = tmp_path / "train.json", tmp_path / "dev.json"
+    train.write_text(json.dumps(toy_records["train"][:16]))
+    dev.write_text(json.dumps(toy_records["dev"][:4]))
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(dict(
+        n_passages=2, passage_max_tokens=24, batch_size_per_device=2, max_steps=40,
+        warmup_steps=1, eval_every_steps=40, save_every_steps=20, log_every_steps=5,
+        eval_batch_size=4, max_new_tokens=3, tensorboard=False)))  # fmt: skip
+    log_file = tmp_path / "logs" / "train.log"
+    env = {**os.environ, PROGRESS_INTERVAL_ENV: "0.05"}
+    status, shown = _run_on_a_terminal(
+        [sys.executable, "-m", "fid", "--threads", "1", "--log-file", str(log_file),
+         "train-reader", "--config", str(config), "--train", str(train), "--dev", str(dev),
+         "--init-model", str(tiny_model_dir), "--output", str(tmp_path / "model"),
+         "--state-dir", str(tmp_path / "state")], env,
+    )  # fmt: skip
+    assert status == 0, shown[-3000:]
+    lines = [line for line in shown.splitlines() if line.strip()]
+    job = f"train-reader ({log_file})"
+    assert lines and all(re.match(rf"\d\d:\d\d:\d\d {re.escape(job)}: ", line) for line in lines), (
+        shown
+    )
+    steps = [line for line in lines if re.search(r": train: \d+/40 steps \(\d+%\), ", line)]
+    assert len(steps) >= 2, shown
+    assert "ETA" in steps[0] and re.search(r"loss=\d+\.\d{3}$", steps[-1]), steps
+    assert steps[-1].split(": train: ")[1].startswith("40/40 steps (100%)")
+    assert any(re.search(r": step 40 dev exact_match [\d.]+%$", line) for line in lines)
+    assert "\r" not in shown and "|" not in shown  # lines, not a tqdm bar
+    assert "saved checkpoint" not in shown and "INFO" not in shown
+    text = log_file.read_text()
+    assert "INFO fid.training.checkpoint: saved checkpoint" in text
+    assert re.search(r"INFO fid.training.loop: train: 40/40 steps \(100%\)", text)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
 import torch
+import yaml
 from conftest import write_json
 from safetensors.torch import load_file
 
@@ -58,7 +60,12 @@ def _weights(root):
     return load_file(root / "model" / "model.safetensors")
 
 
-def test_resume_after_a_crash_is_bitwise_equal(tmp_path, data, tiny_model_dir, monkeypatch):
+def _run_id(root):
+    """The id of the run that exported root/model."""
+    return yaml.safe_load((root / "model" / "train_config.yaml").read_text())["run_id"]
+
+
+def test_resume_after_a_crash_is_bitwise_equal(tmp_path, data, tiny_model_dir, monkeypatch, caplog):
     cfg = _config(eval_every_steps=8)  # best_dev = the last step: compare final weights
     _train(cfg, data, tiny_model_dir, tmp_path / "straight")
 
@@ -77,8 +84,15 @@ def test_resume_after_a_crash_is_bitwise_equal(tmp_path, data, tiny_model_dir, m
     state = tmp_path / "resumed" / "state"
     assert sorted(p.name for p in state.glob("step-*")) == ["step-4"]
     assert not (tmp_path / "resumed" / "model").exists()  # nothing half-written
+    assert not (state / "finished.json").exists()
+    run_id = json.loads((state / "run.json").read_text())["run_id"]
     monkeypatch.setattr(reader_training.ReaderTask, "loss", original_loss)
-    _train(cfg, data, tiny_model_dir, tmp_path / "resumed")
+    with caplog.at_level(logging.INFO, logger="fid"):
+        result = _train(cfg, data, tiny_model_dir, tmp_path / "resumed")
+    # the same run goes on: its id kept, and said
+    assert f"run {run_id}: resuming {state} from step 4" in caplog.text
+    assert result["run_id"] == run_id != _run_id(tmp_path / "straight")
+    assert _run_id(tmp_path / "resumed") == run_id
 
     straight, resumed = _weights(tmp_path / "straight"), _weights(tmp_path / "resumed")
     assert straight.keys() == resumed.keys()
@@ -118,11 +132,12 @@ def test_checkpoint_layout_and_export(tmp_path, data, tiny_model_dir):
     assert [d["step"] for d in dev] == [4, 8] and all(d["n"] == 4 for d in dev)
     train = [json.loads(line) for line in (model / "metrics.jsonl").read_text().splitlines()]
     assert all(r["peak_memory_mb"] > 0 for r in train if r["kind"] == "train")
-    # A finished run started again does no more steps and exports the same model.
-    before = _weights(tmp_path)
-    _train(cfg, data, tiny_model_dir, tmp_path)
-    after = _weights(tmp_path)
-    assert all(torch.equal(before[k], after[k]) for k in before)
+    # Its last act marks the state finished (a run started again then trains anew:
+    # test_states.py), and its id is in the exported config.
+    finished = json.loads((state / "finished.json").read_text())
+    assert (finished["step"], finished["best_step"]) == (8, result["best_step"])
+    exported = yaml.safe_load((model / "train_config.yaml").read_text())
+    assert exported["run_id"] == finished["run_id"] == result["run_id"]
 
 
 def test_tensorboard_scalars(tmp_path, data, tiny_model_dir):

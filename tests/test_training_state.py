@@ -21,7 +21,7 @@ from conftest import write_json
 
 from fid.cli import main
 from fid.config import ConfigError, ReaderTrainConfig, RetrieverTrainConfig
-from fid.training import loop
+from fid.training import loop, runs
 from fid.training import reader as reader_training
 from fid.training.resume import REFUSED, WARNED, check_resume_config
 from fid.training.state_lock import hold_state
@@ -61,6 +61,20 @@ def _run(tmp_path, files, model_dir, **overrides) -> int:
     ])  # fmt: skip
 
 
+def _killed_while_exporting(tmp_path, files, model_dir, monkeypatch) -> None:
+    """`_run` killed after its last checkpoint, before its export: an unfinished state, which
+    the next run resumes (a finished one it would set aside and train anew)."""
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("simulated kill")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runs, "export_best_model", killed)
+        with pytest.raises(KeyboardInterrupt):
+            _run(tmp_path, files, model_dir)
+    assert (tmp_path / "out" / "state" / "step-2").is_dir()
+
+
 _HOLD = """
 import sys, time
 from fid.training.state_lock import hold_state
@@ -90,6 +104,32 @@ def test_a_second_run_exits_at_once_naming_the_holder(tmp_path, files, tiny_mode
     assert (state / "step-2").is_dir() and not building.exists()
 
 
+def test_a_finished_state_is_set_aside_by_its_holder_alone(tmp_path, files, tiny_model_dir, caplog):
+    """--state-dir: a finished run's files are set aside inside the folder (its path, lock file
+    and log stay), by the run that holds it; a run refused because another holds it moves
+    nothing."""
+    assert _run(tmp_path, files, tiny_model_dir) == 0
+    state = tmp_path / "out" / "state"
+    first = json.loads((state / "run.json").read_text())["run_id"]
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(state)], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert _run(tmp_path, files, tiny_model_dir) == 1
+        assert "is in use by another run" in caplog.text
+        assert (state / "finished.json").is_file() and not (state / "finished").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    caplog.clear()
+    assert _run(tmp_path, files, tiny_model_dir) == 0
+    kept = state / "finished" / first
+    assert f"by run {first}; training again from the start" in caplog.text
+    assert "starting a new run" in caplog.text and (kept / "step-2").is_dir()
+    assert {"run.lock", "train.log", "step-2", "finished.json"} <= {p.name for p in state.iterdir()}
+    assert json.loads((state / "run.json").read_text())["run_id"] != first
+
+
 def test_leftovers_of_killed_runs_are_swept_and_nothing_else(tmp_path, files, tiny_model_dir):
     state, out = tmp_path / "out" / "state", tmp_path / "out"
     leftovers = [state / ".step-4.tmp", state / ".step-2.x1_y2.tmp", state / ".best_dev.k9.tmp",
@@ -109,9 +149,9 @@ def test_leftovers_of_killed_runs_are_swept_and_nothing_else(tmp_path, files, ti
 
 
 def test_resume_refuses_a_changed_schedule_and_allows_cadences(
-    tmp_path, files, tiny_model_dir, caplog
+    tmp_path, files, tiny_model_dir, caplog, monkeypatch
 ):
-    assert _run(tmp_path, files, tiny_model_dir) == 0
+    _killed_while_exporting(tmp_path, files, tiny_model_dir, monkeypatch)
     caplog.clear()
     assert _run(tmp_path, files, tiny_model_dir, lr=3e-4, seed=5) == 1
     assert "lr: 0.0001 -> 0.0003" in caplog.text and "seed: 0 -> 5" in caplog.text
@@ -123,9 +163,9 @@ def test_resume_refuses_a_changed_schedule_and_allows_cadences(
 
 
 def test_resume_refuses_other_training_data_and_accepts_a_moved_copy(
-    tmp_path, files, tiny_model_dir, toy_records, caplog
+    tmp_path, files, tiny_model_dir, toy_records, caplog, monkeypatch
 ):
-    assert _run(tmp_path, files, tiny_model_dir) == 0
+    _killed_while_exporting(tmp_path, files, tiny_model_dir, monkeypatch)
     caplog.clear()
     other = dict(files, train=write_json(tmp_path / "other.json", toy_records["train"][6:12]))
     assert _run(tmp_path, other, tiny_model_dir) == 1

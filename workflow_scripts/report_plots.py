@@ -1,13 +1,8 @@
-"""The report's figures: exact match per round and split (with the baseline), full-corpus top-k
-accuracy per retriever, and the training curves read from each exported model's metrics.jsonl
-(the retriever's dev metrics re-rank each question's candidates: not the top-k above)."""
-
-import json
-from pathlib import Path
+"""The report's figures: exact match per round and split (with the baseline) and full-corpus
+top-k accuracy per retriever (training curves: report_training.py)."""
 
 import matplotlib
 import pandas as pd
-import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
@@ -33,21 +28,3 @@ for ax, split in zip(axes[0], splits, strict=True):
     ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(output.topk, dpi=120)
-
-fig, axes = plt.subplots(2, len(params.models), figsize=(3.2 * len(params.models), 5),
-                         squeeze=False)  # fmt: skip
-for column, (name, folder) in enumerate(zip(params.models, inputs.models, strict=True)):
-    records = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").open()]
-    train = pd.DataFrame([r for r in records if r["kind"] == "train"])
-    dev = pd.DataFrame([r for r in records if r["kind"] == "dev"])
-    axes[0][column].plot(train["step"], train["loss"])
-    axes[0][column].set(title=name, ylabel="training loss")
-    # The metric that selected the exported model: select_on (retriever; candidate_*@k rank
-    # each dev question's candidate passages) or exact match. All in percent.
-    trained = yaml.safe_load((Path(folder) / "train_config.yaml").read_text())
-    metric = trained.get("select_on", "exact_match")
-    axes[1][column].plot(dev["step"], dev[metric], marker="o")
-    label = metric.replace("_", " ").replace("candidate ", "candidate\n")
-    axes[1][column].set(xlabel="step", ylabel=f"dev {label} (%)")
-fig.tight_layout()
-fig.savefig(output.curves, dpi=120)

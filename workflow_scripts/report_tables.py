@@ -1,12 +1,13 @@
-"""The report's tables, assembled from metrics JSON files written by `fid`:
-exact_match.csv (each round's reader and the most-common-answer baseline, per split) and
-retrieval.csv (full-corpus top-k accuracy of each retriever, per split). Metrics are in percent,
-as in the files they come from; the column names say so."""
+"""The report's tables, assembled from metrics JSON files written by `fid`: exact_match.csv
+(each round's reader and the most-common-answer baseline, per split) and retrieval.csv
+(full-corpus top-k accuracy of each retriever, per split), each also as an HTML page that the
+report shows inline. Metrics are in percent, as in the files they come from."""
 
 import json
 from pathlib import Path
 
 import pandas as pd
+from report_page import write_page
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 inputs, params, output = snakemake.input, snakemake.params, snakemake.output
@@ -28,13 +29,21 @@ rows = []
 for (round_, split), path in zip(params.reader, inputs.reader, strict=True):
     m = load(path)
     rows.append({"reader": f"round {round_}", "split": split, "exact match (%)": m["exact_match"],
-                 "F1 (%)": m["f1"], "questions": m["n_scored"]})  # fmt: skip
+                 "F1 (%)": m["f1"], "questions": m["n_scored"],
+                 "reads": f"top {params.n_passages} of {label(params.lists[round_])}"})  # fmt: skip
 for split, path in zip(params.baseline, inputs.baseline, strict=True):
     m = load(path)
     rows.append({"reader": f"most common answer ({m['answer']})", "split": split,
                  "exact match (%)": m["exact_match"], "F1 (%)": m["f1"],
-                 "questions": m["n_scored"]})  # fmt: skip
-pd.DataFrame(rows).round(2).to_csv(output.exact_match, index=False)
+                 "questions": m["n_scored"], "reads": "nothing"})  # fmt: skip
+em = pd.DataFrame(rows).round(2)
+em.to_csv(output.exact_match, index=False)
+write_page(output.exact_match_page, "Reader exact match (%)", [
+    "Exact match and F1 in percent (SQuAD normalisation, best over the gold answers) of the "
+    "questions of each split that have gold answers ('questions'). 'reads': the passages each "
+    "reader answers from here: the top of the lists retrieved for the whole split, not the "
+    "lists it was trained and validated on (the training curves' dev exact match).",
+], em, output.exact_match)  # fmt: skip
 
 rows = []
 for (source, split), path in zip(params.retrieval, inputs.retrieval, strict=True):
@@ -42,4 +51,9 @@ for (source, split), path in zip(params.retrieval, inputs.retrieval, strict=True
     top = {f"top-{k} (%)": value for k, value in m["accuracy"].items()}
     rows.append(dict(retriever=label(source), source=source, split=split, **top,
                      questions=m["n_scored"]))  # fmt: skip
-pd.DataFrame(rows).round(2).to_csv(output.retrieval, index=False)
+top = pd.DataFrame(rows).round(2)
+top.to_csv(output.retrieval, index=False)
+write_page(output.retrieval_page, "Retrieval top-k accuracy (%)", [
+    "Percent of a split's questions ('questions') with a passage holding a gold answer (DPR's "
+    "string match) among the top k retrieved from the whole corpus.",
+], top, output.retrieval)  # fmt: skip

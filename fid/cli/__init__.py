@@ -22,7 +22,7 @@ from fid.cli.exit_status import (
 from fid.cli.parser import build_parser
 
 # stdlib only: the signal record is installed before torch is imported
-from fid.runtime.signals import STOP_SIGNALS
+from fid.runtime.signals import STOP_SIGNALS, Preempted
 
 logger = logging.getLogger("fid")
 
@@ -62,7 +62,6 @@ def _run(args: argparse.Namespace) -> int:
     """Runs one parsed command: its exit status (EXIT_ERROR on bad input, EXIT_PREEMPTED)."""
     from fid.runtime import distributed
     from fid.runtime.logs import setup_logging
-    from fid.training.loop import Preempted
 
     try:
         info = distributed.init_from_env()
@@ -73,8 +72,11 @@ def _run(args: argparse.Namespace) -> int:
     log_file = args.log_file
     if log_file is None and getattr(args, "state_dir", None) is not None:
         log_file = args.state_dir / "train.log"  # (--state-root: in the state, once found)
-    # Every rank appends to the run log; other ranks log warnings only.
-    setup_logging(rank=info.rank, file=log_file)
+    # Every rank appends to the run log; other ranks log warnings only. A log named by
+    # --log-file is a workflow job's: the console shows that job's progress, results and
+    # warnings, and the file everything.
+    job = f"{args.command} ({args.log_file})" if args.log_file is not None else None
+    setup_logging(rank=info.rank, file=log_file, job=job)
     _set_threads(args.threads)
     try:
         args.device = distributed.setup(info)

@@ -266,3 +266,24 @@ def convert_lists(args) -> None:
     from fid.data.list_conversion import convert_lists
 
     convert_lists(args.input, args.passages, args.output)
+
+
+# ---------------------------------------------------------------- asking
+
+
+def ask(args) -> None:
+    import os
+    import sys
+
+    from fid.evaluation.ask import ask
+    from fid.evaluation.run_folder import run_paths
+
+    given = {name: getattr(args, name) for name in ("reader", "retriever", "index", "passages")}
+    paths = run_paths(args.run, args.round, **given)
+    questions = [" ".join(args.question)] if args.question else sys.stdin
+    try:
+        ask(paths, args.config, args.n_passages, questions, sys.stdout, args.json, args.device)
+    except BrokenPipeError:
+        # stdout's reader has gone (`fid ask ... | head -1`): the end, not an error; stdout
+        # to /dev/null, so that the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

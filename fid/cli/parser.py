@@ -191,4 +191,34 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--questions", type=Path, required=True, help="jsonl with gold_passage_id")
     c.add_argument("--passages", type=Path, required=True, help="the passage TSV")
     c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
+
+    c = add("ask", commands.ask, "Answer questions with a run's retriever, index and reader.")
+    c.formatter_class = argparse.RawDescriptionHelpFormatter
+    c.description = """\
+Answer questions with a trained run: the round's retriever searches its index and its reader
+answers from the top passages. Prints each answer with the passages read (rank, id, title,
+retrieval score, text snippet); --json prints one object a line instead. The models load once:
+with no QUESTION, one question a line is read from stdin. Seconds per question go to the log.
+
+--run takes the newest round (or --round i): iter<i>/reader/model, iter<i>/retriever/model,
+iter<i>/index, the run's passages (passages/store, data/demo/world/passages.tsv, or data.passages
+of report/config.yaml) and knobs (config/eval_reader.yaml for --config, config/retrieve.yaml for
+the search); --reader, --retriever, --index, --passages replace them. Without --run, give all four.
+
+  fid ask --run results/demo Who governs Stolria?
+  fid --threads 1 ask --run results/demo --json < questions.txt"""
+    c.add_argument("question", nargs="*", metavar="QUESTION", help="its words (none: stdin)")
+    c.add_argument("--run", type=Path, help="run folder (results/<run>) or name under results/")
+    c.add_argument("--round", type=int, help="round i, iter<i> (default: the newest trained)")
+    for name in ("reader", "retriever"):
+        c.add_argument(f"--{name}", type=Path, help=f"{name} folder (default: the round's)")
+    c.add_argument("--index", type=Path, help="folder from build-index (default: the round's)")
+    c.add_argument("--passages", type=Path, help="the indexed TSV or store (default: the run's)")
+    c.add_argument(
+        "--n-passages",
+        type=int,
+        help="passages retrieved and read per question (default: the config's n_passages, "
+        "else what the reader was trained on)",
+    )
+    c.add_argument("--json", action="store_true", help="one JSON object per question (a line)")
     return parser

@@ -13,6 +13,7 @@ from pathlib import Path
 from fid.data.questions import load_questions
 from fid.errors import DataError
 from fid.metrics.answers import answer_metrics
+from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -37,5 +38,5 @@ def eval_baseline(train_path: Path, questions_path: Path, output_path: Path) -> 
     metrics.update(answer=answer, train_count=count, n_questions=len(questions))
     atomic_write_json(output_path, metrics)
     logger.info("most common training answer %r: EM %.2f%% on %s",
-                answer, metrics["exact_match"] or 0.0, questions_path)  # fmt: skip
+                answer, metrics["exact_match"] or 0.0, questions_path, extra=CONSOLE)  # fmt: skip
     return metrics

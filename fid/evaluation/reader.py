@@ -17,6 +17,7 @@ from fid.inference.batching import reader_and_collator
 from fid.inference.generation import generate_answers
 from fid.metrics.answers import answer_metrics, describe_answer_metrics, exact_match, f1_score
 from fid.runtime import distributed
+from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import atomic_paths, atomic_write_json, atomic_write_jsonl
 from fid.runtime.precision import autocast
 
@@ -85,5 +86,5 @@ def eval_reader(
     if metrics["n_scored"] == 0:
         logger.warning("no question has gold answers: wrote predictions only, no metric")
     else:
-        logger.info("%s", describe_answer_metrics(metrics))
+        logger.info("%s", describe_answer_metrics(metrics), extra=CONSOLE)
     return metrics

@@ -10,6 +10,7 @@ from fid.data.examples import load_examples
 from fid.data.retrieval_lists import is_compact_lists, read_lists
 from fid.errors import DataError, InputError
 from fid.metrics.retrieval import describe_retrieval_accuracy, retrieval_accuracy
+from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -60,5 +61,5 @@ def eval_retrieval(
     if metrics["n_scored"] == 0:
         logger.warning("no question has gold answers: nothing to score (%s)", questions_path)
     else:
-        logger.info("retrieval accuracy: %s", describe_retrieval_accuracy(metrics))
+        logger.info("retrieval accuracy: %s", describe_retrieval_accuracy(metrics), extra=CONSOLE)
     return metrics

@@ -19,6 +19,7 @@ Saved folder layout (`save_pretrained`):
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from dataclasses import asdict, dataclass, replace
@@ -26,9 +27,11 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
 from fid.errors import InputError
 from fid.models.sentence_transformers import sentence_transformers_spec
@@ -197,10 +200,10 @@ class DualEncoder(nn.Module):
         explicit = spec is not None
         if (path / CONFIG_FILE).is_file():
             spec = DualEncoderSpec(**json.loads((path / CONFIG_FILE).read_text()))
-            question = AutoModel.from_pretrained(path / "question_encoder")
+            question = _load_encoder(path / "question_encoder")
             passage = None
             if not spec.shared:
-                passage = AutoModel.from_pretrained(path / "passage_encoder")
+                passage = _load_encoder(path / "passage_encoder")
             model = cls(question, passage, spec)
             if spec.projection_dim is not None:
                 head = load_file(str(path / HEAD_FILE))
@@ -216,9 +219,32 @@ class DualEncoder(nn.Module):
         prescribed = sentence_transformers_spec(path) if path.is_dir() else None
         if prescribed is not None:
             spec = _as_prescribed(spec, prescribed, path, explicit)
-        question = AutoModel.from_pretrained(name_or_path)
-        passage = None if spec.shared else AutoModel.from_pretrained(name_or_path)
+        question = _load_encoder(name_or_path)
+        passage = None if spec.shared else _load_encoder(name_or_path)
         return cls(question, passage, spec), AutoTokenizer.from_pretrained(name_or_path)
+
+
+def _load_encoder(name_or_path: str | Path) -> nn.Module:
+    """A Hugging Face encoder, without BERT's pooler when its weights have none.
+
+    The pooler (a dense layer on [CLS]) is never used here and `DualEncoder` drops it, so the
+    folders this project writes (`save_pretrained`, `fid init-retriever`) hold no pooler
+    weights; built with one, transformers would report them missing at every load. A local
+    folder whose safetensors hold no `pooler.` weight is therefore loaded without it, where
+    the architecture has that switch (BERT and its kin); anything else loads as it is.
+    """
+    folder = Path(name_or_path)
+    weights = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    names = []
+    for file in weights:
+        with safe_open(file, "pt") as handle:  # the header only
+            names += handle.keys()
+    if weights and not any(name.startswith("pooler.") for name in names):
+        model_class = MODEL_MAPPING.get(type(AutoConfig.from_pretrained(folder)), None)
+        init = inspect.signature(model_class.__init__).parameters if model_class else {}
+        if "add_pooling_layer" in init:
+            return AutoModel.from_pretrained(folder, add_pooling_layer=False)
+    return AutoModel.from_pretrained(name_or_path)
 
 
 def _as_prescribed(

@@ -21,37 +21,48 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+from fid.runtime.console import use_job_console
+
 logger = logging.getLogger(__name__)
 _formatter: logging.Formatter | None = None  # setup_logging's, for add_log_file
 
 
-def setup_logging(rank: int = 0, file: str | Path | None = None) -> None:
+def setup_logging(rank: int = 0, file: str | Path | None = None, job: str | None = None) -> None:
     """Rank 0 logs at INFO, other ranks at WARNING; the format carries the rank.
 
-    Called once, by the CLI. A `file` gets the same records (appended, so a resumed run's log
-    continues the interrupted one's).
+    Called once, by the CLI. A `file` gets every record (appended, so a resumed run's log
+    continues the interrupted one's). With a `job` label (`--log-file` named the log: a
+    workflow job), the console is that job's few lines in a terminal shared with Snakemake and
+    other jobs: progress at most every FID_PROGRESS_INTERVAL_S seconds, results, warnings and
+    errors, each prefixed by the label; without one, the console gets every record. Python
+    warnings become records, so that they reach the log file too.
     """
     global _formatter
     level = logging.INFO if rank == 0 else logging.WARNING
     formatter = _formatter = logging.Formatter(
         f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"
     )
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(formatter)
+    use_job_console(console, job)
+    handlers: list[logging.Handler] = [console]
     if file is not None:
         Path(file).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(file))
+        log_file = logging.FileHandler(file)
+        log_file.setFormatter(formatter)
+        handlers.append(log_file)
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_fid_handler", False):  # ours, from an earlier call
             root.removeHandler(handler)
             handler.close()
     for handler in handlers:
-        handler.setFormatter(formatter)
         handler._fid_handler = True
         root.addHandler(handler)
     root.setLevel(level)
-    # transformers and friends are chatty at INFO.
-    for name in ("transformers", "torch", "urllib3", "filelock", "huggingface_hub"):
+    logging.captureWarnings(True)
+    # transformers and friends are chatty at INFO (faiss: which CPU build it tried to load).
+    for name in ("transformers", "torch", "urllib3", "filelock", "huggingface_hub", "faiss"):
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
     # ... and draw a "Loading weights" progress bar per model load, one per rank, into logs.
     # Read when huggingface_hub is first imported: an import here would cost every light

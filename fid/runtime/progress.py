@@ -1,6 +1,7 @@
-"""Progress of long loops: tqdm's bar on a terminal; on a log file (a workflow job's), tqdm's
-counters as log lines (count/total, rate, elapsed, ETA) at most every FID_PROGRESS_INTERVAL_S
-seconds (30 by default) plus a final line. No torch: pure-Python stages log progress too.
+"""Progress of long loops: tqdm's bar on a terminal; on a log file or a workflow job's console,
+tqdm's counters as log lines (count/total, rate, elapsed, ETA, and what the loop adds, e.g. the
+loss) at most every FID_PROGRESS_INTERVAL_S seconds (30 by default) plus a final line. No torch:
+pure-Python stages log progress too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import sys
 from collections.abc import Iterable
 
 from tqdm import tqdm
+
+from fid.runtime.console import CONSOLE, job_console
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +42,10 @@ class _LoggedProgress(tqdm):
         # tqdm's documented hook for other front ends: called by refresh() and close().
         if msg is None and self.n != self._logged_n:
             self._logged_n = self.n
-            self._log.info("%s", str(self))  # now: a record formats its args later
+            # A workflow job's console gets the lines of a loop that runs long enough to
+            # need them, not the last line of every brief one (the log file gets all).
+            long = self.format_dict["elapsed"] >= self.mininterval
+            self._log.info("%s", str(self), extra=CONSOLE if long else None)
         return True
 
     def __str__(self) -> str:
@@ -60,6 +66,8 @@ class _LoggedProgress(tqdm):
             parts.append("done")
         elif total:
             parts.append(f"ETA {tqdm.format_interval((total - n) / rate) if rate else '?'}")
+        if d["postfix"]:  # set_postfix(loss=...): "loss=1.234"
+            parts.append(d["postfix"])
         return ", ".join(parts)
 
 
@@ -69,21 +77,24 @@ def progress(
     desc: str,
     unit: str,
     total: int | None = None,
+    initial: int = 0,
     log: logging.Logger | None = None,
     interval_s: float | None = None,
 ) -> tqdm:
     """Progress of a long loop: tqdm's bar on a terminal, log lines elsewhere.
 
-    When stderr is not a terminal (the workflow's jobs, whose logs go to files), a bar would
-    write nothing readable for minutes; the same counters are logged instead: count/total,
-    rate, elapsed time and ETA, at most one line per `interval_s` seconds plus a last line.
-    Nothing is shown when `log` does not log INFO (ranks other than 0).
+    When stderr is not a terminal (a log file), or is a workflow job's console (`--log-file`:
+    several jobs and Snakemake share the terminal, and bars would cut each other's lines), the
+    same counters are logged instead: count/total, rate, elapsed time and ETA, at most one line
+    per `interval_s` seconds plus a last line. Nothing is shown when `log` does not log INFO
+    (ranks other than 0).
 
     Args:
         iterable: what to iterate over (or None, and call `update(n)`), as for tqdm.
         desc: what is counted ("embed").
         unit: the counted items, plural ("passages").
         total: the item count, when `iterable` has no len(); None: no percentage or ETA.
+        initial: the count already done (a resumed run), not counted in the rate.
         log: the logger the lines go to (the caller's module logger); default fid.runtime.progress.
         interval_s: seconds between lines; default ${FID_PROGRESS_INTERVAL_S} or 30.
 
@@ -92,8 +103,8 @@ def progress(
     """
     log = log or logger
     disable = not log.isEnabledFor(logging.INFO)
-    if sys.stderr.isatty():
-        return tqdm(iterable, desc=desc, unit=unit, total=total, disable=disable)
+    if sys.stderr.isatty() and not job_console():
+        return tqdm(iterable, desc=desc, unit=unit, total=total, initial=initial, disable=disable)
     if interval_s is None:
         raw = os.environ.get(PROGRESS_INTERVAL_ENV, str(DEFAULT_PROGRESS_INTERVAL_S))
         try:
@@ -103,6 +114,6 @@ def progress(
                 f"{PROGRESS_INTERVAL_ENV}={raw!r}: expected the seconds between progress lines"
             ) from None
     return _LoggedProgress(
-        iterable, desc=desc, unit=unit, total=total, disable=disable, mininterval=interval_s,
-        log=log,
+        iterable, desc=desc, unit=unit, total=total, initial=initial, disable=disable,
+        mininterval=interval_s, log=log,
     )  # fmt: skip

@@ -10,6 +10,11 @@ import signal
 import threading
 
 
+class Preempted(Exception):
+    """Training stopped on SIGUSR1/SIGTERM after writing a complete checkpoint; rerun to resume.
+    (Here, not beside the loop, so that the command can catch it without importing torch.)"""
+
+
 class StopSignals:
     """Records SIGUSR1 and SIGTERM (SLURM's warnings before preemption or the time limit)
     instead of dying, so the loop can finish its step and save.

@@ -15,18 +15,17 @@ import gc
 import logging
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from fid.config import ConfigError, TrainingConfig
 from fid.errors import InputError
 from fid.runtime import distributed
+from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import (
     atomic_directory,
     atomic_write_json,
@@ -36,7 +35,8 @@ from fid.runtime.fileio import (
 )
 from fid.runtime.logs import MetricsWriter, PeakMemory
 from fid.runtime.precision import autocast
-from fid.runtime.signals import STOP_SIGNALS
+from fid.runtime.progress import progress as progress_lines
+from fid.runtime.signals import STOP_SIGNALS, Preempted
 from fid.training import sharding
 from fid.training.checkpoint import (
     SHARDED_DIR,
@@ -78,10 +78,6 @@ class TrainTask(Protocol):
     def save_model(self, path: Path, state_dict: dict | None = None) -> None:
         """Writes the model in its final, loadable format into the folder `path` (from
         `state_dict`, the full weights, when the model itself is sharded)."""
-
-
-class Preempted(Exception):
-    """Training stopped on SIGUSR1/SIGTERM after writing a complete checkpoint; rerun to resume."""
 
 
 class _BatchStream:
@@ -194,12 +190,10 @@ def run_training(
     interval_loss = torch.zeros((), device=device)
     interval_start, interval_steps = time.perf_counter(), 0
     last_save = time.monotonic()
-    bar = tqdm(
-        total=cfg.max_steps,
-        initial=progress.step,
-        desc="train",
-        unit="step",
-        disable=rank != 0 or not sys.stderr.isatty(),
+    # rank 0's steps: a bar on a terminal, else a line (steps, rate, ETA, loss) at most every
+    # FID_PROGRESS_INTERVAL_S seconds, also on a workflow job's console
+    bar = progress_lines(
+        total=cfg.max_steps, initial=progress.step, desc="train", unit="steps", log=logger
     )
 
     def save():
@@ -291,7 +285,8 @@ def run_training(
                     if grad_norm is not None:
                         values["grad_norm"] = float(grad_norm)
                     _log_train(metrics, progress.step, cfg.max_steps, values)
-                    bar.set_postfix(loss=f"{values['loss']:.3f}")
+                    # shown with the next progress line (refreshing now would print one)
+                    bar.set_postfix(loss=f"{values['loss']:.3f}", refresh=False)
                     interval_loss.zero_()
                     interval_start, interval_steps = time.perf_counter(), 0
                     memory.reset()
@@ -366,7 +361,7 @@ def _evaluate(
     task.model.train()
     results["eval_time_s"] = time.perf_counter() - started
     value = results[task.dev_metric]
-    logger.info("step %d dev %s %.2f%%", progress.step, task.dev_metric, value)
+    logger.info("step %d dev %s %.2f%%", progress.step, task.dev_metric, value, extra=CONSOLE)
     if metrics is not None:
         metrics.write("dev", progress.step, results)
     if _new_best(progress, value):

@@ -15,6 +15,9 @@ A run killed while it builds a folder (`atomic_directory`: `.<name>.<random>.tmp
 Once the lock is held no other run can be writing them, so they are swept when a run starts and
 again when it ends: every such entry of the state folder (the run's alone), and beside the
 output folder only the names built from the output's own name (its siblings may be other jobs').
+Only these temporary names are swept: the files of finished runs, which the holder sets aside
+into `finished/<run id>/` (fid.training.states), are never touched, and the lock file stays
+in place while they move, so the folder is held throughout.
 """
 
 from __future__ import annotations

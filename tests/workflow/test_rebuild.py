@@ -1,7 +1,8 @@
 """Target rebuilds on a finished tiny run (tests/workflow/config.yaml, ~2-4 minutes on 2 cores):
 a deleted artifact, asked for by name, is rebuilt alone, and then exactly what depends on it
 reruns; changing `reader` knobs reruns the reader chain and not the first retrieval; a training
-job resumes its own state only.
+job resumes its own state only, and a forced rerun trains again. The same run's report shows its
+numbers, and its console and logs carry no noise.
 
 Snakemake leaves a deleted intermediate file missing as long as everything downstream of it is
 up to date (`snakemake` alone has nothing to do): it is rebuilt when asked for by name."""
@@ -9,11 +10,19 @@ up to date (`snakemake` alone has nothing to do): it is rebuilt when asked for b
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, planned_jobs, snakemake, write_config
+from workflow_helpers import (
+    ROOT,
+    planned_jobs,
+    report_pages,
+    snakemake,
+    table_rows,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 TINY = ROOT / "tests" / "workflow" / "config.yaml"
@@ -27,6 +36,8 @@ def tiny_run(tmp_path_factory):
     report = snakemake(workdir, "--configfile", str(TINY), "--report", "report.html")
     assert report.returncode == 0, report.stderr[-3000:]
     assert (workdir / "report.html").stat().st_size > 10_000
+    (workdir / "console.txt").write_text(result.stdout + result.stderr)
+    (workdir / "report_console.txt").write_text(report.stdout + report.stderr)
     return workdir
 
 
@@ -72,6 +83,72 @@ def test_accelerated_evaluation_is_reported(tiny_run):
     }  # fmt: skip
 
 
+def test_report_shows_its_numbers(tiny_run):
+    """Every table is an HTML page in report.html (not only a CSV to download): the numbers of
+    exact_match.csv and retrieval.csv, with their units and split sizes, are in the page."""
+    import pandas as pd
+
+    pages = report_pages(tiny_run / "report.html")
+    report = tiny_run / "results/tiny/report"
+    for name in ("exact_match", "retrieval", "flags", "runtimes", "training", "acceleration"):
+        assert f"results/tiny/report/{name}.html" in pages, sorted(pages)
+    em_page = pages["results/tiny/report/exact_match.html"]
+    assert "exact match (%)" in em_page and "questions" in em_page
+    rows = table_rows(em_page)
+    em = pd.read_csv(report / "exact_match.csv")
+    assert len(rows) == len(em) == 6
+    for row, (_, expected) in zip(rows, em.iterrows(), strict=True):
+        assert row[:2] == [expected["reader"], expected["split"]]
+        assert row[2:5] == [f"{expected['exact match (%)']:.2f}", f"{expected['F1 (%)']:.2f}",
+                            str(expected["questions"])]  # fmt: skip
+    top_page = pages["results/tiny/report/retrieval.html"]
+    top = pd.read_csv(report / "retrieval.csv")
+    for row, (_, expected) in zip(table_rows(top_page), top.iterrows(), strict=True):
+        assert row[3] == f"{expected['top-1 (%)']:.2f}" and row[-1] == str(expected["questions"])
+    assert "top-10 (%)" in top_page
+    # warnings: the flagged rows, or a sentence that says there are none (never a blank page)
+    flags = pd.read_csv(report / "flags.csv")
+    flag_page = pages["results/tiny/report/flags.html"]
+    assert len(table_rows(flag_page)) == len(flags) and "comparisons" in flag_page
+    if flags.empty:
+        assert "No warnings" in flag_page
+    # run time per rule, from the benchmark files: one row per rule, then every job together
+    times = pd.read_csv(report / "runtimes.csv")
+    benchmarks = list((tiny_run / "logs/benchmarks").rglob("*.tsv"))
+    assert times.iloc[-1]["rule"] == "all jobs" and times.iloc[-1]["jobs"] == len(benchmarks)
+    assert {"train_reader", "train_retriever", "eval_reader"} <= set(times["rule"])
+    assert times.iloc[-1]["CPU (s)"] > 0
+    assert len(table_rows(pages["results/tiny/report/runtimes.html"])) == len(times)
+    # training: each model's best dev value, and what it was measured on
+    training = table_rows(pages["results/tiny/report/training.html"])
+    warmup = next(r for r in training if r[0] == "iter0/reader_warmup")
+    assert "gold passage alone" in warmup[1]
+    assert "run: tiny" in pages["results/tiny/report/config.html"]
+
+
+def test_console_and_logs_carry_no_noise(tiny_run):
+    """What a user reads: job progress and results on the console, named by job; no
+    "Shell command: None", no transformers load report, no faiss loader chatter, no ANSI
+    escapes in log files, no mimetype warning from the report."""
+    console = (tiny_run / "console.txt").read_text()
+    assert "Shell command: None" not in console
+    assert "Shell command: fid --threads" in console  # real commands are still shown
+    assert re.search(
+        r"^\d\d:\d\d:\d\d eval-reader \(logs/eval_reader/tiny/iter0/test.log\): EM [\d.]+%",
+        console, re.M,
+    ), console[-3000:]  # fmt: skip
+    assert "INFO fid." not in console  # the full log goes to the job's log file
+    for log in (tiny_run / "logs").rglob("*.log"):
+        text = log.read_text()
+        assert "LOAD REPORT" not in text and "\x1b[" not in text, log
+        assert "faiss.loader" not in text, log
+    assert (
+        "INFO fid.training.loop"
+        in (tiny_run / "logs/train_reader/tiny/iter0/reader.log").read_text()
+    )
+    assert "mimetype" not in (tiny_run / "report_console.txt").read_text()
+
+
 def test_deleting_a_retriever_reruns_only_its_dependents(tiny_run):
     model = "results/tiny/iter1/retriever/model"
     shutil.rmtree(tiny_run / model)
@@ -84,8 +161,25 @@ def test_deleting_a_retriever_reruns_only_its_dependents(tiny_run):
         expected |= {_job("retrieve", source="iter1", split=split)}
         expected |= {_job("eval_retrieval", source="iter1", split=split)}
     expected |= {_job("report_tables"), _job("report_flags"), _job("report_plots")}
+    expected |= {_job("report_training"), _job("report_runtimes")}
     assert _plan(tiny_run) == expected
     _rebuild(tiny_run)
+    assert _plan(tiny_run) == set()
+
+
+def test_forced_rerun_trains_again(tiny_run):
+    """`--forcerun` of a training job trains anew (a new run id, the log says so), instead of
+    returning the finished run's weights; the finished run's files are kept."""
+    model = "results/tiny/iter1/retriever/model"
+    before = yaml.safe_load((tiny_run / model / "train_config.yaml").read_text())["run_id"]
+    _rebuild(tiny_run, model, "--forcerun", model)
+    after = yaml.safe_load((tiny_run / model / "train_config.yaml").read_text())["run_id"]
+    assert after != before
+    log = (tiny_run / "logs/train_retriever/tiny/iter1.log").read_text()
+    assert f"training again from the start as run {after}" in log and "starting a new run" in log
+    (state,) = [p for p in (tiny_run / "state/tiny/iter1/retriever").iterdir() if p.is_dir()]
+    assert (state / "finished" / before / "metrics.jsonl").is_file()
+    _rebuild(tiny_run)  # its dependents, for the tests below
     assert _plan(tiny_run) == set()
 
 

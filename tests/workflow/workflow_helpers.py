@@ -105,3 +105,29 @@ def rule_shell_commands(workdir: Path, config: dict) -> dict[str, str]:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def report_pages(report: Path) -> dict[str, str]:
+    """The HTML pages embedded in a `snakemake --report` file: {result path: page}, decoded from
+    the data URIs of its `results` object (what the report shows when an item is opened)."""
+    import base64
+
+    text = report.read_text()
+    found = re.search(r'<script id="results">\s*var results = (.*?);\s*</script>', text, re.S)
+    assert found, f"{report}: no results object"
+    pages = {}
+    for path, entry in json.loads(found.group(1)).items():
+        if entry["mime_type"] == "text/html":
+            pages[path] = base64.b64decode(entry["data_uri"].split("base64,", 1)[1]).decode()
+    return pages
+
+
+def table_rows(page: str) -> list[list[str]]:
+    """The cells of each body row of the (one) table in a report page, as text."""
+    import html
+
+    body = page.split("<tbody>", 1)[1].split("</tbody>", 1)[0] if "<tbody>" in page else ""
+    return [
+        [html.unescape(cell).strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
+        for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)
+    ]

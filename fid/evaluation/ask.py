@@ -1,0 +1,180 @@
+"""`fid ask`: a trained run answers the questions a person types.
+
+A round answers as the workflow evaluates it: its retriever encodes the question and searches
+its index (fid.retrieval.dense), and its reader generates the answer from the top passages
+(fid.inference.generation), with the run's own knobs (fid.evaluation.run_folder finds them).
+Models, index and passages are loaded once; a question then costs one encoding, one search, a
+passage lookup and one generation: about 0.1 s on the demo's models on one CPU thread
+(loading takes 0.3 s; importing torch and transformers takes longer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from fid.config import EvalReaderConfig, RetrieveConfig, load_config
+from fid.data.examples import Example
+from fid.data.passage_store import open_store
+from fid.data.passages import fetch_passages
+from fid.errors import DataError, InputError
+from fid.evaluation.run_folder import RunPaths
+from fid.inference.batching import reader_and_collator
+from fid.inference.generation import generate_answers
+from fid.models.loading import load_retriever
+from fid.models.settings import ReaderSettings
+from fid.retrieval.dense import search_dense, set_search_knobs
+from fid.retrieval.index import PassageIndex
+from fid.retrieval.ranking import retrieval_records
+from fid.runtime.precision import autocast, resolve_precision
+
+logger = logging.getLogger(__name__)
+
+SNIPPET_CHARS = 100
+# A TSV is scanned once per question; above this size a passage store is worth building.
+LARGE_TSV_BYTES = 100 << 20
+# One question's progress lines (encode, search, generate) would outnumber its answer.
+_CHATTY = ("fid.retrieval.dense", "fid.retrieval.index", "fid.retrieval.ranking",
+           "fid.inference.generation")  # fmt: skip
+
+
+def ask(
+    paths: RunPaths, config: Path | None, n_passages: int | None, questions: Iterable[str],
+    out: TextIO, as_json: bool, device: torch.device,
+) -> int:  # fmt: skip
+    """`fid ask`: answers each question and writes it to `out` with the passages the reader
+    read, best first (rank, id, title, retrieval score, text).
+
+    Args:
+        paths: the reader, retriever, index, passages and the run's configs (`run_paths`).
+        config: an EvalReaderConfig YAML; None: `paths.eval_config`, else the defaults.
+        n_passages: passages retrieved and read per question; None: the config file's, or,
+            with none, the number the reader was trained on (fid_reader.json), else 100.
+        questions: the questions, blank ones skipped (stdin: one a line, answered as read).
+        out: text blocks, or with `as_json` one JSON object a line:
+            {question, answer, passages: [{rank, id, title, score, text}]}.
+        device: where the models run.
+
+    Returns:
+        The number of questions answered.
+
+    Raises:
+        InputError: a missing or incomplete model, index or passage file, or no question.
+    """
+    started = time.perf_counter()
+    cfg, search = _configs(paths, config, n_passages, device)
+    if not paths.passages.exists():
+        raise DataError(
+            f"{paths.passages}: passage file not found: expected the DPR-style TSV (or passage "
+            "store) the index was built from"
+        )
+    lookup = _passage_lookup(paths.passages)
+    retriever, encode = load_retriever(
+        paths.retriever, search.question_max_tokens, None, device,
+        override=search.override_model_settings,
+    )  # fmt: skip
+    index = PassageIndex.load(paths.index, expected_dim=retriever.dim)
+    set_search_knobs(index, search)
+    reader, tokenizer, collator = reader_and_collator(cfg, paths.reader, device)
+    logger.info(
+        "loaded in %.1f s: reader %s, retriever %s, index %s, passages %s; each question "
+        "reads its top %d passages", time.perf_counter() - started, paths.reader,
+        paths.retriever, paths.index, paths.passages, cfg.n_passages,
+    )  # fmt: skip
+    if getattr(questions, "isatty", lambda: False)():
+        logger.info("type one question a line (Ctrl-D ends)")
+    answered = 0
+    for line in questions:
+        if not line.strip():
+            continue
+        started = time.perf_counter()
+        question = {"id": str(answered), "question": line.strip()}
+        with _quiet(_CHATTY):
+            scores, ranked = search_dense(retriever, encode, index, [question], search, device)
+            record = retrieval_records([question], ranked, scores, lookup(ranked[0]))[0]
+            example = Example(record["id"], record["question"], [], None, record["ctxs"], record)
+            with torch.no_grad(), autocast(device, cfg.precision):
+                answer = generate_answers(
+                    reader, tokenizer, collator, [example], 1, cfg.max_new_tokens,
+                    cfg.num_beams, device, acceleration=cfg,
+                )[0]  # fmt: skip
+        _write(out, record["question"], answer, record["ctxs"], as_json)
+        answered += 1
+        logger.info("question %d answered in %.3f s", answered, time.perf_counter() - started)
+    if not answered:
+        raise InputError("fid ask: no question: give one as arguments, or one a line on stdin")
+    return answered
+
+
+def _configs(paths: RunPaths, config: Path | None, n_passages: int | None, device):
+    """(generation config, search config), with a precision that runs on `device`."""
+    cfg = load_config(config or paths.eval_config, EvalReaderConfig)
+    if n_passages is None and config is None and paths.eval_config is None:
+        n_passages = ReaderSettings.load(paths.reader).n_passages
+    if n_passages is not None:
+        cfg = replace(cfg, n_passages=n_passages)
+    # The reader reads every passage retrieved: top_k is its n_passages.
+    search = replace(load_config(paths.retrieve_config, RetrieveConfig), top_k=cfg.n_passages)
+    return _runnable(cfg, device), _runnable(search, device)
+
+
+def _runnable(cfg, device: torch.device):
+    """`cfg` with its precision resolved; a GPU run's fp16 is fp32 on a CPU (so that a run
+    trained and evaluated on GPUs can still be asked on a laptop)."""
+    if resolve_precision(cfg.precision, device) == "fp16" and device.type != "cuda":
+        logger.warning("%s: precision fp16 needs CUDA; fp32 on %s", type(cfg).__name__, device)
+        cfg = replace(cfg, precision="auto")
+    return replace(cfg, precision=resolve_precision(cfg.precision, device))
+
+
+def _passage_lookup(path: Path):
+    """ids -> {id: Passage}: through a passage store, or a scan of the TSV per question."""
+    if path.is_dir():
+        store = open_store(path)
+        return lambda ids: {p.id: p for p in store.get(ids, str(path))}
+    if path.stat().st_size > LARGE_TSV_BYTES:
+        logger.warning("%s: scanned per question. Hint: fid build-passage-store reads by id", path)
+    return lambda ids: fetch_passages(path, set(ids))
+
+
+@contextlib.contextmanager
+def _quiet(names: Iterable[str]) -> Iterator[None]:
+    """These loggers at WARNING for the block (their progress lines off)."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
+
+
+def _write(out: TextIO, question: str, answer: str, ctxs: list[dict], as_json: bool) -> None:
+    """One question's answer and passages, as a text block or one JSON line."""
+    passages = [
+        {"rank": rank, "id": c["id"], "title": c["title"], "score": c["score"], "text": c["text"]}
+        for rank, c in enumerate(ctxs, 1)
+    ]
+    if as_json:
+        record = {"question": question, "answer": answer, "passages": passages}
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    else:
+        lines = [f"question: {question}", f"answer: {answer}", f"passages read ({len(ctxs)}):"]
+        for p in passages:
+            text = " ".join(p["text"].split())
+            text = text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 3] + "..."
+            lines.append(
+                f"  {p['rank']}. [{p['id']}] {p['title']} (score {p['score']:.4f}): {text}"
+            )
+        out.write("\n".join(lines) + "\n\n")
+    out.flush()  # answered as asked, also through a pipe

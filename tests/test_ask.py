@@ -1,0 +1,170 @@
+"""`fid ask` on a tiny run folder laid out as the workflow writes it (no snakemake): answers,
+the passages read, JSON lines, stdin, and one clear line for each bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import torch
+
+from fid.cli import main
+from fid.config import InitRetrieverConfig
+from fid.data.passages import load_passages
+from fid.demo.files import write_world
+from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
+from fid.models.retriever import DualEncoder, DualEncoderSpec
+from fid.models.settings import ReaderSettings
+
+N_PASSAGES = 3  # the run's eval_reader.yaml
+
+
+def _ask(*args) -> int:
+    return main(["ask", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_model_dir, toy_world) -> Path:
+    """results/demo of a 1-round run: reader, retriever, its index, passages, stage configs."""
+    run = tmp_path_factory.mktemp("workflow") / "results" / "demo"
+    write_world(toy_world, run / "data/demo/world")
+    shutil.copytree(tiny_model_dir, run / "iter0/reader/model")
+    ReaderSettings(passage_max_tokens=48, n_passages=5).save(run / "iter0/reader/model")
+    tokenizer = train_bert_tokenizer([p.text for p in toy_world.passages], vocab_size=300)
+    config = InitRetrieverConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    torch.manual_seed(0)
+    spec = DualEncoderSpec(input_format="fid", question_max_tokens=16, passage_max_tokens=48)
+    DualEncoder(build_tiny_bert(config, len(tokenizer)), None, spec).save_pretrained(
+        run / "iter0/retriever/model", tokenizer=tokenizer
+    )
+    shard = run / "iter0/embeddings/shard0"
+    assert main(["embed-passages", "--model", str(run / "iter0/retriever/model"),
+                 "--passages", str(run / "data/demo/world/passages.tsv"),
+                 "--output", str(shard)]) == 0  # fmt: skip
+    assert main(["build-index", "--shards", str(shard), "--output", str(run / "iter0/index")]) == 0
+    (run / "config").mkdir()
+    (run / "config/eval_reader.yaml").write_text(f"n_passages: {N_PASSAGES}\nmax_new_tokens: 6\n")
+    (run / "config/retrieve.yaml").write_text("top_k: 20\n")
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture(scope="module")
+def passages(run):
+    return load_passages(run / "data/demo/world/passages.tsv")
+
+
+def test_a_question_on_the_command_line(run, passages, toy_world, capsys, caplog):
+    question = toy_world.splits["dev"][0].question
+    assert _ask("--run", run, *question.split()) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"question: {question}" and lines[1].startswith("answer: ")
+    assert lines[2] == f"passages read ({N_PASSAGES}):"
+    shown = [re.fullmatch(r"  (\d)\. \[(\S+)\] (.+) \(score (-?[\d.]+)\): (.+)", line)
+             for line in lines[3 : 3 + N_PASSAGES]]  # fmt: skip
+    assert all(shown), lines
+    assert [int(m[1]) for m in shown] == [1, 2, 3]
+    assert all(passages[m[2]].title == m[3] for m in shown)
+    seconds = [float(s) for s in re.findall(r"answered in ([\d.]+) s", caplog.text)]
+    assert len(seconds) == 1 and seconds[0] < 5.0, seconds
+
+
+def test_questions_from_stdin_and_json(run, passages, toy_world, monkeypatch, capsys):
+    questions = [q.question for q in toy_world.splits["dev"][:2]]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{questions[0]}\n\n  \n{questions[1]}\n"))
+    assert _ask("--run", run, "--json") == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["question"] for r in records] == questions
+    for record in records:
+        assert isinstance(record["answer"], str)
+        read = record["passages"]
+        assert [p["rank"] for p in read] == list(range(1, N_PASSAGES + 1))
+        assert [p["score"] for p in read] == sorted((p["score"] for p in read), reverse=True)
+        assert all(passages[p["id"]].title == p["title"] for p in read)
+        assert all(passages[p["id"]].text == p["text"] for p in read)
+
+
+def test_explicit_paths_and_passage_count(run, toy_world, capsys):
+    """Without --run: every path named, and no config file: the reader reads as many passages
+    as it was trained on (fid_reader.json), or --n-passages."""
+    named = {"reader": "iter0/reader/model", "retriever": "iter0/retriever/model",
+             "index": "iter0/index", "passages": "data/demo/world/passages.tsv"}  # fmt: skip
+    paths = [arg for flag, path in named.items() for arg in (f"--{flag}", run / path)]
+    question = toy_world.splits["dev"][0].question
+    for flags, expected in (([], 5), (["--n-passages", 2], 2)):
+        assert _ask(*paths, *flags, "--json", question) == 0
+        (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert len(record["passages"]) == expected
+
+
+@pytest.mark.parametrize("where", ["store", "report_config"])
+def test_passages_found_from_the_run(run, passages, tmp_path, toy_world, where, caplog, capsys):
+    """A compact run's passage store, or the TSV that the run's config names (data.passages,
+    relative to the folder that holds results/) when the run holds none."""
+    copy = Path(shutil.copytree(run, tmp_path / "results" / "demo"))
+    tsv = copy / "data/demo/world/passages.tsv"
+    if where == "store":
+        expected = copy / "passages/store"
+        assert main(["build-passage-store", "--passages", str(tsv), "--output", str(expected)]) == 0
+    else:
+        expected = tmp_path / "corpus/passages.tsv"
+        expected.parent.mkdir()
+        tsv.rename(expected)
+        (copy / "report").mkdir()
+        (copy / "report/config.yaml").write_text("data:\n  passages: corpus/passages.tsv\n")
+    assert _ask("--run", copy, "--json", toy_world.splits["dev"][0].question) == 0
+    assert f"passages {expected}" in caplog.text
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert all(passages[p["id"]].text == p["text"] for p in record["passages"])
+
+
+def _broken(run: Path, tmp: Path, case: str) -> tuple[list, str]:
+    """(fid ask arguments, a text the error must hold) of a bad input."""
+    copy = tmp / "results" / case
+    if case == "no_such_run":
+        return ["--run", copy], f"{copy}: run folder not found"
+    if case == "no_trained_round":
+        (copy / "data").mkdir(parents=True)
+        return ["--run", copy], f"{copy}: no trained round"
+    shutil.copytree(run, copy)
+    if case == "index_missing":
+        shutil.rmtree(copy / "iter0/index")
+        return ["--run", copy], f"{copy / 'iter0/index'}: index folder not found"
+    if case == "index_incomplete":
+        (copy / "iter0/index/ids.npy").unlink()
+        return ["--run", copy], f"{copy / 'iter0/index'}: index folder is missing ids.npy"
+    if case == "round_not_trained":
+        return ["--run", copy, "--round", 3], f"{copy / 'iter3/reader/model'}: round 3"
+    assert case == "passages_missing"
+    (copy / "data/demo/world/passages.tsv").unlink()
+    return ["--run", copy], f"{copy}: no passages found"
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["no_such_run", "no_trained_round", "index_missing", "index_incomplete", "round_not_trained",
+     "passages_missing"],
+)  # fmt: skip
+def test_bad_input_is_one_line_naming_the_path(run, tmp_path, case, caplog, capsys):
+    args, message = _broken(run, tmp_path, case)
+    assert _ask(*args, "who is it?") == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and message in errors[0], (message, errors)
+    assert not any(r.exc_info for r in caplog.records), "an input error shows no traceback"
+    assert capsys.readouterr().out == ""
+
+
+def test_no_question_is_an_error(run, monkeypatch, caplog):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n\n"))
+    assert _ask("--run", run) == 1
+    assert "no question" in caplog.text

@@ -1,0 +1,34 @@
+"""One report item as a small HTML page: a title, what the numbers mean, the table itself (shown
+inline by `snakemake --report`, which lists a CSV only as a download) and its CSV as a download
+link. Imported by the report scripts (Snakemake puts their folder on sys.path)."""
+
+import base64
+import html
+from pathlib import Path
+
+STYLE = (
+    "body{font-family:sans-serif;font-size:14px;margin:12px}"
+    "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:3px 8px}"
+    "td{text-align:right}td:first-child{text-align:left}th{background:#f3f3f3}"
+    "p{max-width:60em}pre{background:#f6f6f6;padding:8px}"
+)
+
+
+def write_page(path, title, notes, table=None, csv_path=None, empty="", pre=None):
+    """Writes `path`: `notes` (paragraphs), then `table` (a DataFrame, floats to 2 decimals)
+    or `empty` when it has no rows, or `pre` (preformatted text); `csv_path` as a download."""
+    body = [f"<h3>{html.escape(title)}</h3>"]
+    body += [f"<p>{html.escape(note)}</p>" for note in notes]
+    if table is not None and len(table):
+        body.append(table.to_html(index=False, float_format=lambda x: f"{x:.2f}", na_rep=""))
+    elif table is not None:
+        body.append(f"<p><b>{html.escape(empty)}</b></p>")
+    if pre is not None:
+        body.append(f"<pre>{html.escape(pre)}</pre>")
+    if csv_path is not None:
+        data = base64.b64encode(Path(csv_path).read_bytes()).decode()
+        name = html.escape(Path(csv_path).name)
+        body.append(f'<p><a download="{name}" href="data:text/csv;base64,{data}">{name}</a></p>')
+    page = f"<!DOCTYPE html><html><head><meta charset='utf-8'><style>{STYLE}</style>"
+    page += f"<title>{html.escape(title)}</title></head><body>{''.join(body)}</body></html>\n"
+    Path(path).write_text(page)
