@@ -46,5 +46,8 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/reader_speed.py
 
+# Everything the demo and the workflow wrote here: results, training state, logs, Snakemake's
+# records, the report, resources/pretrained (copied from packages). Downloads are kept
+# (resources/<dataset>/: NQ's passages alone are 13 GB); delete them by hand.
 clean:
-	rm -rf demo .pytest_cache
+	rm -rf demo .pytest_cache results state logs .snakemake report.html dag.svg resources/pretrained

@@ -107,11 +107,17 @@ def test_dense_minilm_three_shards_equal_one(tmp_path, minilm, monkeypatch):
                 "--output", tmp_path / "reranked.json") == 0  # fmt: skip
     exact = json.loads((tmp_path / "dense.json").read_text())
     reranked = json.loads((tmp_path / "reranked.json").read_text())
-    assert [[c["id"] for c in r["ctxs"]] for r in reranked] == [
-        [c["id"] for c in r["ctxs"]] for r in exact
-    ]
     np.testing.assert_allclose([c["score"] for r in reranked for c in r["ctxs"]],
                                [c["score"] for r in exact for c in r["ctxs"]], rtol=1e-5)  # fmt: skip
+    # The same passages in the same order, but for two passages whose scores are equal within
+    # float32 rounding: faiss and numpy sum a dot product in different orders (by CPU), and
+    # such a pair may come out either way round.
+    for ours, flat in zip(reranked, exact, strict=True):
+        flat_scores = {c["id"]: c["score"] for c in flat["ctxs"]}
+        assert sorted(c["id"] for c in ours["ctxs"]) == sorted(flat_scores)
+        for mine, theirs in zip(ours["ctxs"], flat["ctxs"], strict=True):
+            if mine["id"] != theirs["id"]:
+                assert abs(flat_scores[mine["id"]] - theirs["score"]) <= 1e-5 * abs(theirs["score"])
 
 
 def test_bad_inputs(tmp_path, minilm, bm25_run, caplog, monkeypatch):

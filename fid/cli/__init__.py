@@ -60,12 +60,12 @@ def command() -> None:
 
 def _run(args: argparse.Namespace) -> int:
     """Runs one parsed command: its exit status (EXIT_ERROR on bad input, EXIT_PREEMPTED)."""
-    from fid.runtime import distributed
+    from fid.runtime.launcher import DistributedError, init_from_env
     from fid.runtime.logs import setup_logging
 
     try:
-        info = distributed.init_from_env()
-    except distributed.DistributedError as error:
+        info = init_from_env()
+    except DistributedError as error:
         setup_logging(rank=0)
         logger.error("%s", error)
         return EXIT_ERROR
@@ -77,9 +77,15 @@ def _run(args: argparse.Namespace) -> int:
     # warnings, and the file everything.
     job = f"{args.command} ({args.log_file})" if args.log_file is not None else None
     setup_logging(rank=info.rank, file=log_file, job=job)
-    _set_threads(args.threads)
+    # A command that runs no model needs neither torch nor a device (parser.MODEL_FREE).
+    distributed = None
+    args.device = None
     try:
-        args.device = distributed.setup(info)
+        if args.runs_models or info.is_distributed:
+            from fid.runtime import distributed
+
+            _set_threads(args.threads)
+            args.device = distributed.setup(info)
         args.func(args)
     except Preempted as stop:
         logger.warning("%s: rerun the same command to resume", stop)
@@ -99,7 +105,8 @@ def _run(args: argparse.Namespace) -> int:
             )
         return EXIT_ERROR
     finally:
-        distributed.cleanup()
+        if distributed is not None:
+            distributed.cleanup()
     return 0
 
 

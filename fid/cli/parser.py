@@ -8,6 +8,14 @@ from pathlib import Path
 
 from fid.cli import commands
 
+# Commands that run no model: they start without torch (about 1.5 s less a job) and without a
+# device or a process group.
+MODEL_FREE = frozenset({
+    "download", "extract", "prepare-questions", "make-reader-lists", "make-demo-data",
+    "make-scale-data", "build-bm25", "retrieve-bm25", "eval-retrieval", "eval-baseline",
+    "build-passage-store", "convert-lists", "copy-packaged-model",
+})  # fmt: skip
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -20,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name, func, help_text):
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.add_argument("--config", type=Path, help="YAML of knobs (default: defaults)")
-        command.set_defaults(func=func)
+        command.set_defaults(func=func, runs_models=name not in MODEL_FREE)
         return command
 
     c = add(

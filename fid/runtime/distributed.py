@@ -18,116 +18,25 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+# Who this process is, read from the launcher's variables without torch (fid.runtime.launcher);
+# re-exported for the code that starts a run.
+from fid.runtime.launcher import (  # noqa: F401
+    DistInfo,
+    DistributedError,
+    init_from_env,
+    slurm_port,
+)
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 600
-
-
-class DistributedError(RuntimeError):
-    """The launcher's environment describes an impossible or inconsistent run."""
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    """Where this process stands in the run.
-
-    Attributes:
-        rank: global rank, 0..world_size-1.
-        local_rank: rank on this node (selects the GPU).
-        world_size: processes in the run.
-        master_addr, master_port: the rendezvous of rank 0.
-        launcher: "single", "torchrun" or "slurm".
-    """
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    launcher: str = "single"
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def _int(env: Mapping[str, str], name: str) -> int:
-    try:
-        return int(env[name])
-    except ValueError:
-        raise DistributedError(f"{name}={env[name]!r} is not an integer") from None
-
-
-def slurm_port(env: Mapping[str, str]) -> int:
-    """FID_MASTER_PORT, else a port in 15000-34999 derived from the job id (so concurrent jobs
-    on one node rarely collide), else 29500."""
-    if "FID_MASTER_PORT" in env:
-        return _int(env, "FID_MASTER_PORT")
-    if "SLURM_JOB_ID" in env:
-        return 15000 + _int(env, "SLURM_JOB_ID") % 20000
-    return 29500
-
-
-def init_from_env(env: Mapping[str, str] | None = None) -> DistInfo:
-    """Describes the run from the environment (torchrun first, then SLURM, else single).
-
-    Raises:
-        DistributedError: for inconsistent variables, e.g. a WORLD_SIZE that differs from
-            SLURM_NTASKS, or a rank outside 0..world_size-1.
-    """
-    env = os.environ if env is None else env
-    if "RANK" in env and "WORLD_SIZE" in env:
-        info = DistInfo(
-            rank=_int(env, "RANK"),
-            local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
-            world_size=_int(env, "WORLD_SIZE"),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
-            launcher="torchrun",
-        )
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        import hostlist
-
-        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-        if not nodes:
-            raise DistributedError("SLURM_PROCID is set but neither SLURM_STEP_NODELIST nor "
-                                   "SLURM_JOB_NODELIST names the nodes")  # fmt: skip
-        info = DistInfo(
-            rank=_int(env, "SLURM_PROCID"),
-            local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
-            world_size=_int(env, "SLURM_NTASKS"),
-            master_addr=hostlist.expand_hostlist(nodes)[0],
-            master_port=slurm_port(env),
-            launcher="slurm",
-        )
-        if "WORLD_SIZE" in env and _int(env, "WORLD_SIZE") != info.world_size:
-            raise DistributedError(
-                f"WORLD_SIZE={env['WORLD_SIZE']} does not match SLURM_NTASKS="
-                f"{info.world_size}: the job's task layout and the run disagree"
-            )
-    else:
-        return DistInfo()
-    if info.world_size < 1 or not 0 <= info.rank < info.world_size:
-        raise DistributedError(
-            f"rank {info.rank} is not within a world of {info.world_size} processes "
-            f"({info.launcher} variables)"
-        )
-    if info.local_rank < 0 or info.local_rank > info.rank:
-        raise DistributedError(f"local rank {info.local_rank} is impossible for rank {info.rank}")
-    return info
 
 
 def setup(info: DistInfo, timeout_s: int = DEFAULT_TIMEOUT_S) -> torch.device:
