@@ -182,3 +182,12 @@ def main_rank_flag(flag: bool, device: torch.device) -> bool:
     tensor = torch.tensor([int(flag)], device=device)
     dist.broadcast(tensor, src=0)
     return bool(tensor.item())
+
+
+def sum_over_ranks(values: Sequence[float], device: torch.device) -> list[float]:
+    """The element-wise sum of `values` over all ranks (float64; `values` without a group)."""
+    if not dist.is_initialized():
+        return [float(v) for v in values]
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()

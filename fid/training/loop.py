@@ -38,6 +38,7 @@ from fid.runtime.precision import autocast
 from fid.runtime.progress import progress as progress_lines
 from fid.runtime.signals import STOP_SIGNALS, Preempted
 from fid.training import sharding
+from fid.training.accumulation import accumulate_gradients
 from fid.training.checkpoint import (
     SHARDED_DIR,
     TrainingProgress,
@@ -71,6 +72,10 @@ class TrainTask(Protocol):
         """The mean loss of one micro-batch, computed by calling `model` (task.model, or its
         DDP wrapper, whose forward must be used for gradients to be synchronised)."""
 
+    def loss_items(self, batch: Any) -> int:
+        """How many items `loss(batch)` is the mean of (the reader's target tokens, the
+        retriever's questions): the micro-batch's weight in its optimizer step."""
+
     def evaluate(self) -> dict[str, float]:
         """Dev metrics over the whole dev set (called on every rank, in eval mode, without
         gradients, under autocast); each rank may take its share and gather the results."""
@@ -89,6 +94,10 @@ class _BatchStream:
         self.task = task
         self.progress = progress
         self.batches = task.epoch_batches(progress.epoch)
+
+    def take_step(self, accumulation: int, rank: int, world_size: int) -> list[Any]:
+        """This rank's micro-batches of one optimizer step."""
+        return [self.take(world_size)[rank] for _ in range(accumulation)]
 
     def take(self, count: int) -> list[Any]:
         group = []
@@ -235,23 +244,20 @@ def run_training(
     try:
         with STOP_SIGNALS as signals:
             while progress.step < cfg.max_steps:
-                for micro_step in range(cfg.gradient_accumulation_steps):
-                    batch = stream.take(world_size)[rank]
+                batches = stream.take_step(cfg.gradient_accumulation_steps, rank, world_size)
+
+                def gradient_sync(last: bool):
                     # Gradients are all-reduced only on the last micro-step.
-                    last = micro_step == cfg.gradient_accumulation_steps - 1
                     if sharded:
                         sharding.set_gradient_sync(units, last)
-                    if last or world_size == 1 or sharded:
-                        sync = contextlib.nullcontext()
-                    else:
-                        sync = train_model.no_sync()
-                    with sync:
-                        with amp:
-                            loss = task.loss(train_model, batch)
-                        # Mean over micro-batches: each gives 1/accumulation of the gradient.
-                        scaled = loss / cfg.gradient_accumulation_steps
-                        (scaler.scale(scaled) if scaler else scaled).backward()
-                    interval_loss += loss.detach() / cfg.gradient_accumulation_steps
+                        return contextlib.nullcontext()
+                    if last or world_size == 1:
+                        return contextlib.nullcontext()
+                    return train_model.no_sync()
+
+                interval_loss += accumulate_gradients(
+                    task, train_model, batches, world_size, device, amp, scaler, gradient_sync
+                )
 
                 if sharded:
                     sharding.average_replicated_gradients(replicated)
@@ -275,8 +281,10 @@ def run_training(
 
                 final = progress.step == cfg.max_steps
                 if progress.step % cfg.log_every_steps == 0 or final:
+                    # every item of the interval's steps alike, on all ranks
+                    (loss_sum,) = distributed.sum_over_ranks([float(interval_loss)], device)
                     values = {
-                        "loss": float(interval_loss) / interval_steps,
+                        "loss": loss_sum / world_size / interval_steps,
                         "lr": scheduler.get_last_lr()[0],
                         "step_time_s": (time.perf_counter() - interval_start) / interval_steps,
                         "peak_memory_mb": memory.peak_mb(),

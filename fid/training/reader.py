@@ -74,6 +74,12 @@ class ReaderTask:
         batch = self.collator(examples, targets).to(self.device)
         return model(batch.input_ids, batch.attention_mask, labels=batch.labels).loss
 
+    def loss_items(self, item: tuple[int, list[int]]) -> int:
+        """The target tokens (EOS included) that `loss(item)` averages over."""
+        epoch, indices = item
+        targets = [choose_target(self.train[i], self.cfg.seed, epoch) for i in indices]
+        return int((self.collator.encode_targets(targets) != -100).sum())
+
     def evaluate(self) -> dict[str, float]:
         # Each rank generates for its share of the dev set; all ranks get every prediction.
         mine = take(self.dev, distributed.shard_indices(len(self.dev)))

@@ -226,6 +226,13 @@ class RetrieverTask:
             self.cfg.kl_reduction,
         )
 
+    def loss_items(self, indices: list[int]) -> int:
+        """What `loss(indices)` averages over: its questions ("batchmean"), or its (question,
+        own passage) pairs (the original's "mean")."""
+        if self.cfg.kl_reduction == "mean":
+            return sum(len(self.train[i].texts) for i in indices)
+        return len(indices)
+
     def rankings(self, examples: Sequence[DistillationExample]) -> list[list[int]]:
         """The retriever's order of each question's candidate passages (best first)."""
         orders = []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, SAMPLES, snakemake
+from workflow_helpers import ROOT, SAMPLES, report_pages, snakemake, table_rows
 
 pytestmark = pytest.mark.slow
 
@@ -73,8 +73,19 @@ def test_demo_reaches_its_bars(tmp_path):
     assert beats_bm25("iter1", 1) and beats_bm25("iter1", 5)
     assert beats_bm25("iter0", 1) and beats_bm25("iter0", 5)
     assert float(top[("iter1", "test")]["top-1 (%)"]) > float(top[("iter0", "test")]["top-1 (%)"])
-    for name in ("exact_match.png", "retrieval_topk.png", "training_curves.png", "config.yaml"):
-        assert (tmp_path / "results/demo/report" / name).stat().st_size > 0
+    report_dir = tmp_path / "results/demo/report"
+    for name in ("exact_match.png", "retrieval_topk.png", "training_curves.png", "config.yaml",
+                 "acceleration.png"):  # fmt: skip
+        assert (report_dir / name).stat().st_size > 0
+    # the faster-answer plot's setting and the numbers of the tables, in report.html itself
+    pages = report_pages(tmp_path / "report.html")
+    assert "prune2" in pages["results/demo/report/acceleration.html"]
+    shown = {(row[0], row[1]): row[2] for row in
+             table_rows(pages["results/demo/report/exact_match.html"])}  # fmt: skip
+    assert shown == {key: f"{value:.2f}" for key, value in em.items()}
+    runtimes = _rows(report_dir / "runtimes.csv")
+    print("run time per rule:", runtimes)
+    assert runtimes[-1]["rule"] == "all jobs"
 
 
 def test_own_data_config_on_squad_open_tiny(tmp_path):
