@@ -3,7 +3,7 @@
 What users need from a compressed index is Flat's answer accuracy (a passage with the answer in
 the top 20 / top 100), not neighbour recall. This measures both, for each choice of
 `build_index` (factory, rerank) and search knobs (nprobe, ef_search, shortlist), through fid's
-own path: float16 embedding shards -> `fid.retrieval.index.build_index` (train on a seeded
+own path: float16 embedding shards -> `fid.retrieval.index_build.build_index` (train on a seeded
 sample, add in batches from memory-mapped shards, write vectors.npy for re-ranking) ->
 `PassageIndex.load` (vectors and ids memory-mapped) -> `search_rows`.
 
@@ -246,7 +246,8 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
     import numpy as np
 
     from fid.config import IndexConfig
-    from fid.retrieval.index import PassageIndex, build_index
+    from fid.retrieval.index import PassageIndex
+    from fid.retrieval.index_build import build_index
 
     folder = args.workdir / f"index_{name}"
     cfg = IndexConfig(choice.factory, train_sample=TRAIN_SAMPLE, rerank=choice.rerank)

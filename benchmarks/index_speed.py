@@ -1,6 +1,6 @@
 """faiss index build time, memory, search latency and recall on synthetic vectors, one CPU thread.
 
-`PassageIndex.build` time, peak memory (VmHWM after writing 5 to /proc/self/clear_refs, minus the
+`build_passage_index` time, peak memory (VmHWM after writing 5 to /proc/self/clear_refs, minus the
 RSS just before; one fresh process per setting, this script re-run with --index-worker), search
 latency (a batch of --queries real NQ questions embedded by the pretrained MiniLM, k=100),
 recall@100 against exact Flat (|found & exact top-100| / 100) and the share of the exact top-10
@@ -75,7 +75,7 @@ def index_worker(factory: str, n: int, args) -> dict:
     import numpy as np
 
     from fid.config import IndexConfig
-    from fid.retrieval.index import PassageIndex
+    from fid.retrieval.index_build import build_passage_index
 
     one_thread()
     vectors = load_rows(args.workdir / f"vectors_{args.vectors_n}.npy", n)
@@ -86,7 +86,7 @@ def index_worker(factory: str, n: int, args) -> dict:
     baseline = _rss_kb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
     started, cpu_started = time.perf_counter(), time.process_time()
-    index = PassageIndex.build(vectors, ids, IndexConfig(factory=factory), model="synthetic")
+    index = build_passage_index(vectors, ids, IndexConfig(factory=factory), model="synthetic")
     build_s, build_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     peak_mb = (_rss_kb("VmHWM") - baseline) / 1024
     held_mb = (_rss_kb("VmRSS") - baseline) / 1024

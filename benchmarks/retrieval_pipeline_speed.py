@@ -159,11 +159,11 @@ def part_pipeline(model, encode, args, real, vectors_path: Path) -> list[dict]:
     from fid.config import IndexConfig
     from fid.data.passages import iter_passages
     from fid.data.questions import load_questions
-    from fid.retrieval.index import PassageIndex
+    from fid.retrieval.index_build import build_passage_index
 
     rows = []
     squad = list(iter_passages(SQUAD_PASSAGES))
-    index = PassageIndex.build(
+    index = build_passage_index(
         real[-len(squad) :], [p.id for p in squad], IndexConfig(factory="Flat"), "MiniLM"
     )
     questions = load_questions(SQUAD_QUESTIONS)
@@ -179,7 +179,7 @@ def part_pipeline(model, encode, args, real, vectors_path: Path) -> list[dict]:
         tsv = args.workdir / f"passages_{n}.tsv"
         _write_synthetic_passages(tsv, anchors[:n], real_passages)
         vectors = load_rows(vectors_path, n)
-        index = PassageIndex.build(
+        index = build_passage_index(
             vectors, passage_ids(n), IndexConfig(factory="Flat"), "synthetic"
         )
         del vectors

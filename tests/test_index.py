@@ -1,4 +1,5 @@
-"""Tests of fid.retrieval.index: embedding shards on disk, and PassageIndex build/search/save/load."""
+"""Tests of fid.retrieval.index and index_build: embedding shards on disk, and a PassageIndex
+built, searched, saved and loaded."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fid.retrieval.embeddings import (
     save_embedding_shard,
 )
 from fid.retrieval.index import PassageIndex
+from fid.retrieval.index_build import build_passage_index
 
 N, D = 2000, 32  # self-retrieval tests: big enough to train IVF16 and PQ8 (256 centroids)
 MODEL = "tiny-retriever"
@@ -92,8 +94,8 @@ def test_three_shards_merge_to_exactly_one(tmp_path, vectors):
 
     cfg = IndexConfig()
     queries = unit_vectors(50, D, seed=1)
-    scores1, found1 = PassageIndex.build(emb1, ids1, cfg, MODEL).search(queries, 10)
-    scores3, found3 = PassageIndex.build(emb3, ids3, cfg, MODEL).search(queries, 10)
+    scores1, found1 = build_passage_index(emb1, ids1, cfg, MODEL).search(queries, 10)
+    scores3, found3 = build_passage_index(emb3, ids3, cfg, MODEL).search(queries, 10)
     np.testing.assert_array_equal(scores3, scores1)  # bitwise
     assert found3 == found1
 
@@ -188,7 +190,7 @@ FACTORIES = ["Flat", "HNSW32", "IVF16,Flat", "IVF16,PQ8", "SQ8"]
 @pytest.mark.parametrize("factory", FACTORIES)
 def test_each_vector_is_its_own_top1(vectors, factory, metric):
     ids = passage_ids(N)
-    index = PassageIndex.build(vectors, ids, IndexConfig(factory=factory, metric=metric), MODEL)
+    index = build_passage_index(vectors, ids, IndexConfig(factory=factory, metric=metric), MODEL)
     assert (index.count, index.dim, index.metric) == (N, D, metric)
     scores, found = index.search(vectors, 5)
     assert scores.shape == (N, 5) and scores.dtype == np.float32
@@ -204,7 +206,7 @@ def test_each_vector_is_its_own_top1(vectors, factory, metric):
 
 
 def test_search_knobs_reach_the_faiss_index(vectors):
-    ivf = PassageIndex.build(
+    ivf = build_passage_index(
         vectors, passage_ids(N), IndexConfig(factory="PCAR16,IVF16,Flat", nprobe=3), MODEL
     )
     ivf.search(vectors[:2, :], 1)
@@ -213,7 +215,7 @@ def test_search_knobs_reach_the_faiss_index(vectors):
     ivf.search(vectors[:2, :], 1)
     assert faiss.extract_index_ivf(ivf.index).nprobe == 5
 
-    hnsw = PassageIndex.build(
+    hnsw = build_passage_index(
         vectors[:200], passage_ids(200), IndexConfig(factory="HNSW32", ef_search=7), MODEL
     )
     hnsw.search(vectors[:2], 1)
@@ -222,7 +224,7 @@ def test_search_knobs_reach_the_faiss_index(vectors):
 
 def test_k_larger_than_the_index():
     emb = unit_vectors(5, 8)
-    index = PassageIndex.build(emb, passage_ids(5), IndexConfig(), MODEL)
+    index = build_passage_index(emb, passage_ids(5), IndexConfig(), MODEL)
     scores, found = index.search(emb[:3], 10)
     assert scores.shape == (3, 5)
     assert all(sorted(row) == passage_ids(5) for row in found)
@@ -231,7 +233,7 @@ def test_k_larger_than_the_index():
 def test_fewer_results_than_k_are_dropped():
     # IVF4 with nprobe=1 sees only the query's own list: fewer than k passages exist.
     emb = unit_vectors(200, 8)
-    index = PassageIndex.build(emb, passage_ids(200), IndexConfig("IVF4,Flat", nprobe=1), MODEL)
+    index = build_passage_index(emb, passage_ids(200), IndexConfig("IVF4,Flat", nprobe=1), MODEL)
     scores, found = index.search(emb[:10], 200)
     assert scores.shape == (10, 200)
     for row_scores, row_ids in zip(scores, found, strict=True):
@@ -252,7 +254,7 @@ def test_short_lists_write_as_compact_lists_with_their_own_scores(tmp_path):
     tsv = tmp_path / "psgs.tsv"
     tsv.write_text("id\ttext\ttitle\n" + "".join(f"{i}\ttext {i}\tt\n" for i in ids))
     store = passages_in_memory(tsv, {i: Passage(i, "t", f"text {i}") for i in ids})
-    index = PassageIndex.build(emb, ids, IndexConfig("IVF4,Flat", nprobe=1), MODEL)
+    index = build_passage_index(emb, ids, IndexConfig("IVF4,Flat", nprobe=1), MODEL)
     scores, ranked = index.search_rows(emb[:10], 200)
     assert ranked.rows.dtype == np.int64 and ranked.rows.shape == (10, 200)
     assert [ranked[q] for q in range(10)] == index.search(emb[:10], 200)[1]
@@ -270,8 +272,8 @@ def test_short_lists_write_as_compact_lists_with_their_own_scores(tmp_path):
 def test_float16_embeddings_and_queries(vectors):
     half = vectors[:300].astype(np.float16)
     ids = passage_ids(300)
-    from_half = PassageIndex.build(half, ids, IndexConfig(), MODEL)
-    from_float = PassageIndex.build(half.astype(np.float32), ids, IndexConfig(), MODEL)
+    from_half = build_passage_index(half, ids, IndexConfig(), MODEL)
+    from_float = build_passage_index(half.astype(np.float32), ids, IndexConfig(), MODEL)
     scores_half, found_half = from_half.search(half[:20], 3)
     scores_float, found_float = from_float.search(half[:20].astype(np.float32), 3)
     np.testing.assert_array_equal(scores_half, scores_float)
@@ -285,7 +287,7 @@ def test_float16_embeddings_and_queries(vectors):
 )
 def test_save_load_round_trip(tmp_path, vectors, factory, metric, nprobe):
     cfg = IndexConfig(factory=factory, metric=metric, nprobe=nprobe, ef_search=20)
-    index = PassageIndex.build(vectors, passage_ids(N), cfg, MODEL)
+    index = build_passage_index(vectors, passage_ids(N), cfg, MODEL)
     index.save(tmp_path / "index")
     loaded = PassageIndex.load(tmp_path / "index", expected_dim=D, expected_model=MODEL)
     assert (loaded.count, loaded.dim, loaded.metric, loaded.model) == (N, D, metric, MODEL)
@@ -301,7 +303,7 @@ def test_save_load_round_trip(tmp_path, vectors, factory, metric, nprobe):
 
 def test_load_checks(tmp_path, caplog):
     emb = unit_vectors(20, 8)
-    PassageIndex.build(emb, passage_ids(20), IndexConfig(), MODEL).save(tmp_path / "index")
+    build_passage_index(emb, passage_ids(20), IndexConfig(), MODEL).save(tmp_path / "index")
     with pytest.raises(DataError, match=r"index built for d=8 .*queries will have d=384"):
         PassageIndex.load(tmp_path / "index", expected_dim=384)
     with caplog.at_level(logging.WARNING, logger="fid.retrieval.index"):
@@ -315,36 +317,36 @@ def test_load_checks(tmp_path, caplog):
 
 
 def test_save_replaces_an_existing_index(tmp_path):
-    PassageIndex.build(unit_vectors(20, 8), passage_ids(20), IndexConfig(), MODEL).save(tmp_path)
-    PassageIndex.build(unit_vectors(5, 8), passage_ids(5), IndexConfig(), MODEL).save(tmp_path)
+    build_passage_index(unit_vectors(20, 8), passage_ids(20), IndexConfig(), MODEL).save(tmp_path)
+    build_passage_index(unit_vectors(5, 8), passage_ids(5), IndexConfig(), MODEL).save(tmp_path)
     assert PassageIndex.load(tmp_path).count == 5
 
 
 @pytest.mark.parametrize("factory", ["bogus", "PQ7", "IVF16,PQ5"])
 def test_bad_factory_string(factory):
     with pytest.raises(ConfigError, match=f"factory = '{factory}' cannot be built for d=32"):
-        PassageIndex.build(unit_vectors(10, 32), passage_ids(10), IndexConfig(factory), MODEL)
+        build_passage_index(unit_vectors(10, 32), passage_ids(10), IndexConfig(factory), MODEL)
 
 
 def test_ivf_with_too_few_training_vectors(caplog):
     emb = unit_vectors(300, 8)
     with pytest.raises(ConfigError, match=r"IVF4096.* 4096 inverted lists .* 300 training.*IVF4"):
-        PassageIndex.build(emb, passage_ids(300), IndexConfig("IVF4096,Flat"), MODEL)
+        build_passage_index(emb, passage_ids(300), IndexConfig("IVF4096,Flat"), MODEL)
     with pytest.raises(ConfigError, match=r"train_sample=100"):
-        PassageIndex.build(
+        build_passage_index(
             emb, passage_ids(300), IndexConfig("IVF256,Flat", train_sample=100), MODEL
         )
     # Enough for faiss to run, too few to train well: a warning with the same hint.
-    with caplog.at_level(logging.WARNING, logger="fid.retrieval.index"):
-        PassageIndex.build(emb, passage_ids(300), IndexConfig("IVF64,Flat"), MODEL)
+    with caplog.at_level(logging.WARNING, logger="fid.retrieval.index_build"):
+        build_passage_index(emb, passage_ids(300), IndexConfig("IVF64,Flat"), MODEL)
     assert "Hint: use fewer lists (e.g. IVF4" in caplog.text
     # PQ's own k-means (256 centroids per sub-quantizer) needs 256 vectors.
     with pytest.raises(ConfigError, match=r"could not be trained on 100 vectors.*\(256\)"):
-        PassageIndex.build(emb[:100], passage_ids(100), IndexConfig("PQ4"), MODEL)
+        build_passage_index(emb[:100], passage_ids(100), IndexConfig("PQ4"), MODEL)
 
 
 def test_queries_of_the_wrong_dim(vectors):
-    index = PassageIndex.build(vectors[:50], passage_ids(50), IndexConfig(), MODEL)
+    index = build_passage_index(vectors[:50], passage_ids(50), IndexConfig(), MODEL)
     with pytest.raises(ValueError, match="index built for d=32, queries have d=16"):
         index.search(np.zeros((3, 16), np.float32), 5)
     with pytest.raises(ValueError, match="index built for d=32, queries have shape"):
@@ -355,11 +357,11 @@ def test_queries_of_the_wrong_dim(vectors):
 
 def test_build_rejects_bad_input():
     with pytest.raises(ValueError, match="3 ids for 4 embeddings"):
-        PassageIndex.build(unit_vectors(4, 8), passage_ids(3), IndexConfig(), MODEL)
+        build_passage_index(unit_vectors(4, 8), passage_ids(3), IndexConfig(), MODEL)
     with pytest.raises(ValueError, match="duplicate passage ids, e.g. 'p0'"):
-        PassageIndex.build(unit_vectors(2, 8), ["p0", "p0"], IndexConfig(), MODEL)
+        build_passage_index(unit_vectors(2, 8), ["p0", "p0"], IndexConfig(), MODEL)
     with pytest.raises(ValueError, match="zero passages"):
-        PassageIndex.build(np.zeros((0, 8), np.float32), [], IndexConfig(), MODEL)
+        build_passage_index(np.zeros((0, 8), np.float32), [], IndexConfig(), MODEL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,7 +370,7 @@ def test_build_rejects_bad_input():
 
 def _rows_of_flat(vectors, queries, k, metric="inner_product"):
     """Flat's (scores, rows) over the float16 values that a re-ranked index stores."""
-    flat = PassageIndex.build(vectors.astype(np.float16).astype(np.float32), passage_ids(N),
+    flat = build_passage_index(vectors.astype(np.float16).astype(np.float32), passage_ids(N),
                               IndexConfig(metric=metric), MODEL)  # fmt: skip
     scores, ranked = flat.search_rows(queries, k)
     return scores, ranked.rows
@@ -381,7 +383,7 @@ def test_rerank_with_every_passage_shortlisted_is_flat(vectors, factory, metric)
     # float16 vectors must give Flat's ranking of those float16 values, whatever the codes.
     queries = unit_vectors(40, D, seed=3)
     cfg = IndexConfig(factory, metric=metric, nprobe=16, rerank=True, shortlist=N)
-    index = PassageIndex.build(vectors, passage_ids(N), cfg, MODEL)
+    index = build_passage_index(vectors, passage_ids(N), cfg, MODEL)
     scores, ranked = index.search_rows(queries, 20)
     flat_scores, flat_rows = _rows_of_flat(vectors, queries, 20, metric)
     np.testing.assert_array_equal(ranked.rows, flat_rows)
@@ -397,8 +399,8 @@ def test_rerank_recovers_flat_top_k_from_a_short_shortlist(vectors):
         return np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, flat_rows, strict=True)])
 
     cfg = IndexConfig("IVF16,PQ8", nprobe=16)  # every list: what is lost, PQ lost
-    plain = PassageIndex.build(vectors, passage_ids(N), cfg, MODEL)
-    reranked = PassageIndex.build(vectors, passage_ids(N), replace(cfg, rerank=True), MODEL)
+    plain = build_passage_index(vectors, passage_ids(N), cfg, MODEL)
+    reranked = build_passage_index(vectors, passage_ids(N), replace(cfg, rerank=True), MODEL)
     reranked.set_search_params(shortlist=200)  # 10% of the passages
     assert recall(plain) < 0.8 < 0.99 <= recall(reranked)  # measured 0.62 and 1.0
     # A shortlist of k only re-orders what the codes found.
@@ -411,7 +413,7 @@ def test_compressed_factories_get_their_search_knobs(vectors):
     # pre-transform, ef_search the quantizer's graph; fast-scan IVF takes nprobe too.
     cfg = IndexConfig("OPQ8_32,IVF16_HNSW32,PQ8", train_sample=1000, nprobe=3, ef_search=9,
                       rerank=True, shortlist=50)  # fmt: skip
-    opq = PassageIndex.build(vectors, passage_ids(N), cfg, MODEL)
+    opq = build_passage_index(vectors, passage_ids(N), cfg, MODEL)
     opq.search(vectors[:2], 10)
     ivf = faiss.extract_index_ivf(opq.index)
     assert (ivf.nprobe, faiss.downcast_index(ivf.quantizer).hnsw.efSearch) == (3, 9)
@@ -420,7 +422,7 @@ def test_compressed_factories_get_their_search_knobs(vectors):
     assert (ivf.nprobe, faiss.downcast_index(ivf.quantizer).hnsw.efSearch) == (5, 11)
     assert [row[0] for row in found] == passage_ids(20)  # exact re-scoring: itself first
 
-    fast = PassageIndex.build(vectors, passage_ids(N), IndexConfig("IVF16,PQ8x4fs", nprobe=4),
+    fast = build_passage_index(vectors, passage_ids(N), IndexConfig("IVF16,PQ8x4fs", nprobe=4),
                               MODEL)  # fmt: skip
     fast.search(vectors[:2], 1)
     assert isinstance(fast.index, faiss.IndexIVFPQFastScan) and fast.index.nprobe == 4
@@ -450,7 +452,7 @@ def test_rerank_round_trip_from_shards_maps_the_vectors(tmp_path, vectors):
 
 def test_truncated_or_mismatched_vectors_file(tmp_path, vectors):
     cfg = IndexConfig("SQ8", rerank=True, shortlist=20)
-    PassageIndex.build(vectors[:300], passage_ids(300), cfg, MODEL).save(tmp_path / "index")
+    build_passage_index(vectors[:300], passage_ids(300), cfg, MODEL).save(tmp_path / "index")
     path = tmp_path / "index" / "vectors.npy"
     whole = path.read_bytes()
     path.write_bytes(whole[: len(whole) - 64])  # a copy cut short
@@ -478,10 +480,10 @@ def test_bad_rerank_knobs_are_config_errors(vectors):
         RetrieveConfig(top_k=100, shortlist=50)
     assert RetrieveConfig(top_k=100, shortlist=100).shortlist == 100
 
-    plain = PassageIndex.build(vectors[:300], passage_ids(300), IndexConfig("SQ8"), MODEL)
+    plain = build_passage_index(vectors[:300], passage_ids(300), IndexConfig("SQ8"), MODEL)
     with pytest.raises(ConfigError, match=r"shortlist = 500 needs an index built with rerank"):
         plain.set_search_params(shortlist=500)
-    reranked = PassageIndex.build(
+    reranked = build_passage_index(
         vectors[:300], passage_ids(300), IndexConfig("SQ8", rerank=True, shortlist=5), MODEL
     )
     with pytest.raises(ConfigError, match=r"shortlist = 5 is smaller than the 10 passages"):

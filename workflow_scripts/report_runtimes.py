@@ -33,7 +33,10 @@ table.to_csv(output.table, index=False)
 write_page(output.page, "Run time per rule", [
     "From Snakemake's benchmark files of this run's jobs: wall time and CPU time (the job's "
     "whole process tree, all its ranks) summed over a rule's jobs, in seconds, and the largest "
-    "peak resident memory of one job. Jobs that ran at the same time overlap in wall time; "
-    "the report's Statistics section has each job's start and end. A job run again counts "
-    "its last run. Under SLURM a multi-node job's benchmark measures the srun client only.",
+    "peak resident memory of one job. Wall time is exact; CPU time and memory are sampled "
+    "(each second for a job's first 30 s, then every 30 s), so CPU time is a lower bound: the "
+    "work after a job's last sample is missing (about a fifth of the demo's CPU time). Jobs "
+    "that ran at the same time overlap in wall time; the report's Statistics section has each "
+    "job's start and end. A job run again counts its last run. Under SLURM a multi-node job's "
+    "benchmark measures the srun client only.",
 ], table, output.table)  # fmt: skip

@@ -234,7 +234,7 @@ def embed_passages(args) -> None:
 
 def build_index(args) -> None:
     from fid.config import IndexConfig
-    from fid.retrieval.index import build_index
+    from fid.retrieval.index_build import build_index
 
     build_index(_load_config(args, IndexConfig), args.shards, args.output)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fid.errors import InputError
+from fid.models.retriever_spec import CONFIG_FILE, HEAD_FILE, DualEncoderSpec
 
 logger = logging.getLogger(__name__)
 
@@ -231,8 +232,6 @@ def check_retriever(name_or_path: str | Path) -> None:
     if not folder.is_dir():
         _check_hub_name(str(name_or_path), "retriever")
         return
-    from fid.models.retriever import CONFIG_FILE, HEAD_FILE, DualEncoderSpec
-
     spec_file = folder / CONFIG_FILE
     if not spec_file.is_file():
         check_model_folder(folder, what="retriever encoder", encoder_only=True)

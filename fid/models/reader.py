@@ -120,15 +120,6 @@ class FiDReader(nn.Module):
         self.pack_passages = pack_passages and not bias
         self.light_tokens = light_tokens
 
-    @classmethod
-    def from_pretrained(cls, name_or_path: str, **kwargs) -> FiDReader:
-        """Loads any T5-family model by hub name or local folder, built as its folder records
-        (fid.models.loading.load_t5: a kept cross-attention bias, FiDO's sparse decoder).
-        kwargs go to FiDReader (`light_tokens` too: the folder's is ReaderSettings')."""
-        from fid.models.loading import load_t5  # here: fid.models.loading imports this module
-
-        return cls(load_t5(name_or_path), **kwargs)
-
     def save_pretrained(self, path, state_dict: dict | None = None) -> None:
         """Saves the wrapped T5 as a plain Hugging Face model (safetensors).
 
