@@ -4,6 +4,7 @@ measured on that model's own dev lists (params.dev_lists says which), which is w
 curve can sit far above the exact match table, where it reads the retrieved lists."""
 
 import json
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -17,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 inputs, params, output = snakemake.input, snakemake.params, snakemake.output
 
-fig, axes = plt.subplots(2, len(params.models), figsize=(3.4 * len(params.models), 5.4),
+fig, axes = plt.subplots(2, len(params.models), figsize=(3.6 * len(params.models), 6),
                          squeeze=False)  # fmt: skip
 rows = []
 for column, (name, folder) in enumerate(zip(params.models, inputs.models, strict=True)):
@@ -36,7 +37,8 @@ for column, (name, folder) in enumerate(zip(params.models, inputs.models, strict
     axes[1][column].annotate(f"best {best[metric]:.1f}%", (best["step"], best[metric]),
                              fontsize=8, xytext=(-40, -14), textcoords="offset points")  # fmt: skip
     label = metric.replace("_", " ").replace("candidate ", "candidate\n")
-    axes[1][column].set(xlabel=f"step\n(dev: {params.dev_lists[name]})", ylabel=f"dev {label} (%)")
+    lists = textwrap.fill(f"dev: {params.dev_lists[name]}", 30)  # under its own panel
+    axes[1][column].set(xlabel=f"step\n{lists}", ylabel=f"dev {label} (%)")
     rows.append({"model": name, "dev lists": params.dev_lists[name], "dev questions": best["n"],
                  "dev metric": metric, "best (%)": best[metric], "at step": int(best["step"]),
                  "steps": int(train["step"].max()),
