@@ -2,12 +2,16 @@
 tiny models in the original's key layouts go through fid's own import paths (`fid
 convert-checkpoint`, the released-retriever import) and must reproduce the original's losses,
 logits, greedy answers, passage scores, embeddings, KL loss, gradients and one optimiser step,
-in fp32, within the tolerances that README states."""
+in fp32, within the tolerances that README states. Every shape and case comes from the fixtures:
+the tests run on tests/golden/ and on a held-out set made by the same script with other seeds,
+N, lengths and widths (tests/golden/heldout/), or on the folder FID_GOLDEN_DIR names."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,31 +28,66 @@ from fid.training.optim import build_optimizer
 from fid.training.retriever import distillation_loss
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-READER, RETRIEVER = GOLDEN / "reader", GOLDEN / "retriever"
-CASES = ("N1", "N3", "N7")
+# A fixture folder made by tests/golden/generate.py (its README): the shipped set and a held-out
+# one, or only the folder FID_GOLDEN_DIR names.
+GOLDEN_DIRS = (
+    [Path(os.environ["FID_GOLDEN_DIR"])] if os.environ.get("FID_GOLDEN_DIR")
+    else [GOLDEN, GOLDEN / "heldout"]
+)  # fmt: skip
 
 
 def _json(path: Path):
     return json.loads(path.read_text())
 
 
-def _convert_reader(tmp: Path, *flags: str) -> Path:
+@dataclass(frozen=True)
+class Golden:
+    """One fixture folder and the shapes its files say."""
+
+    folder: Path
+
+    @property
+    def reader_dir(self) -> Path:
+        return self.folder / "reader"
+
+    @property
+    def retriever_dir(self) -> Path:
+        return self.folder / "retriever"
+
+    @property
+    def cases(self) -> list[str]:
+        """The reader's cases ("N1", ...), each a batch with its own passage count."""
+        return list(_json(self.reader_dir / "inputs.json")["cases"])
+
+    @property
+    def new_tokens(self) -> int:
+        """The original's generate(max_length) counts the start token; max_new_tokens does not."""
+        options = _json(self.reader_dir / "expected.json")["options_used_here"]
+        return options["generate_max_length"] - 1
+
+
+@pytest.fixture(scope="module", params=GOLDEN_DIRS, ids=lambda path: path.name)
+def golden(request) -> Golden:
+    return Golden(request.param)
+
+
+def _convert_reader(tmp: Path, golden: Golden, *flags: str) -> Path:
     """The original's trained tiny FiDT5 as the released readers come (pytorch_model.bin +
     config.json of transformers 3.0.2), imported by `fid convert-checkpoint`."""
     released = tmp / "released"
     released.mkdir()
-    torch.save(load_file(READER / "model.safetensors"), released / "pytorch_model.bin")
-    shutil.copy(READER / "config.json", released / "config.json")
+    torch.save(load_file(golden.reader_dir / "model.safetensors"), released / "pytorch_model.bin")
+    shutil.copy(golden.reader_dir / "config.json", released / "config.json")
     args = ["convert-checkpoint", "--checkpoint", str(released), "--output", str(tmp / "reader")]
     assert main([*args, *flags]) == 0
     return tmp / "reader"
 
 
 @pytest.fixture(scope="module")
-def reader(tmp_path_factory):
+def reader(tmp_path_factory, golden):
     """Imported with the original's cross-attention bias, loaded by fid's loading."""
     folder = _convert_reader(
-        tmp_path_factory.mktemp("golden_reader"), "--keep-cross-attention-bias"
+        tmp_path_factory.mktemp("golden_reader"), golden, "--keep-cross-attention-bias"
     )
     # the fixtures' tokenizer is word-level and not saved: fid's loading without the tokenizer
     with pytest.MonkeyPatch.context() as patch:
@@ -59,108 +98,114 @@ def reader(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reader_without_bias(tmp_path_factory):
+def reader_without_bias(tmp_path_factory, golden):
     """The default import: the bias dropped (fid.models.convert), decoder tokens packed."""
-    folder = _convert_reader(tmp_path_factory.mktemp("golden_reader_packed"))
+    folder = _convert_reader(tmp_path_factory.mktemp("golden_reader_packed"), golden)
     return FiDReader(T5ForConditionalGeneration.from_pretrained(folder), encoder_buckets=3).eval()
 
 
-def _case(name):
-    case = _json(READER / "inputs.json")["cases"][name]
-    ids = torch.tensor(case["input_ids"])  # (4, N, 48)
+def _case(golden: Golden, name: str):
+    case = _json(golden.reader_dir / "inputs.json")["cases"][name]
+    ids = torch.tensor(case["input_ids"])  # (B, N, L)
     mask = torch.tensor(case["attention_mask"]).long()
-    return ids, mask, torch.tensor(case["labels"])  # labels (4, 12), -100 padded
+    labels = torch.tensor(case["labels"])  # (B, A), -100 padded
+    assert ids.shape == (len(case["examples"]), case["n_passages"], ids.shape[2])
+    return ids, mask, labels
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_reader_loss_and_logits_equal_the_original(reader, name):
-    expected = _json(READER / "expected.json")["cases"][name]
-    ids, mask, labels = _case(name)
-    with torch.no_grad():
-        out = reader(ids, mask, labels=labels)
-    assert abs(out.loss.item() - expected["loss"]) <= 1e-5 * abs(expected["loss"])
-    golden = load_file(READER / "logits.safetensors")[name]  # (4, 12, 1000)
-    torch.testing.assert_close(out.logits, golden, rtol=1e-5, atol=5e-5)
+def test_reader_loss_and_logits_equal_the_original(reader, golden):
+    for name in golden.cases:
+        expected = _json(golden.reader_dir / "expected.json")["cases"][name]
+        ids, mask, labels = _case(golden, name)
+        with torch.no_grad():
+            out = reader(ids, mask, labels=labels)
+        assert abs(out.loss.item() - expected["loss"]) <= 1e-5 * abs(expected["loss"]), name
+        logits = load_file(golden.reader_dir / "logits.safetensors")[name]  # (B, A, vocab)
+        torch.testing.assert_close(out.logits, logits, rtol=1e-5, atol=5e-5, msg=name)
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_reader_greedy_answers_equal_the_original(reader, name):
-    expected = _json(READER / "expected.json")["cases"][name]["greedy_ids"]
-    ids, mask, _ = _case(name)
-    generated = reader.generate(ids, mask, max_new_tokens=9)  # the original's max_length=10
-    for row, want in zip(generated.tolist(), expected, strict=True):
-        # the original pads finished rows with 0 to its longest row: compare up to EOS
-        assert row[: row.index(1) + 1] == want[: want.index(1) + 1]
+def test_reader_greedy_answers_equal_the_original(reader, golden):
+    for name in golden.cases:
+        expected = _json(golden.reader_dir / "expected.json")["cases"][name]["greedy_ids"]
+        ids, mask, _ = _case(golden, name)
+        generated = reader.generate(ids, mask, max_new_tokens=golden.new_tokens)
+        for row, want in zip(generated.tolist(), expected, strict=True):
+            # the original pads finished rows with 0 to its longest row: compare up to EOS
+            assert row[: row.index(1) + 1] == want[: want.index(1) + 1], name
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_reader_passage_scores_equal_the_original(reader, reader_without_bias, name):
+def test_reader_passage_scores_equal_the_original(reader, reader_without_bias, golden):
     """With the bias kept: the original's scores. Dropped (the default import): the original's
     minus one model-wide constant, the bias's bucket-0 mean over heads (fid.models.convert)."""
-    golden = _json(READER / "expected.json")
-    case = golden["cases"][name]
-    ids, mask, _ = _case(name)
-    scores = reader.passage_scores(ids, mask, "mean_logit")
-    want = torch.tensor(case["crossattention_scores"])
-    torch.testing.assert_close(scores, want, rtol=0, atol=1e-5)
-    without = reader_without_bias.passage_scores(ids, mask, "mean_logit")
-    torch.testing.assert_close(
-        without, torch.tensor(case["crossattention_scores_zero_xbias"]), rtol=0, atol=1e-5
-    )
-    torch.testing.assert_close(
-        without + golden["xbias_bucket0_mean_over_heads"], want, rtol=0, atol=1e-5
-    )
+    expected = _json(golden.reader_dir / "expected.json")
+    for name in golden.cases:
+        case = expected["cases"][name]
+        ids, mask, _ = _case(golden, name)
+        scores = reader.passage_scores(ids, mask, "mean_logit")  # (B, N)
+        want = torch.tensor(case["crossattention_scores"])
+        torch.testing.assert_close(scores, want, rtol=0, atol=1e-5, msg=name)
+        without = reader_without_bias.passage_scores(ids, mask, "mean_logit")
+        torch.testing.assert_close(
+            without, torch.tensor(case["crossattention_scores_zero_xbias"]), rtol=0, atol=1e-5
+        )
+        torch.testing.assert_close(
+            without + expected["xbias_bucket0_mean_over_heads"], want, rtol=0, atol=1e-5
+        )
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_the_default_import_gives_the_originals_answers(reader_without_bias, name):
+def test_the_default_import_gives_the_originals_answers(reader_without_bias, golden):
     """Without the bias the loss moves by < 2e-5 relative and greedy answers are the same."""
-    expected = _json(READER / "expected.json")["cases"][name]
-    ids, mask, labels = _case(name)
-    with torch.no_grad():
-        loss = reader_without_bias(ids, mask, labels=labels).loss.item()
-    assert abs(loss - expected["loss"]) <= 2e-5 * expected["loss"]
-    generated = reader_without_bias.generate(ids, mask, max_new_tokens=9).tolist()
-    for row, want in zip(generated, expected["greedy_ids"], strict=True):
-        assert row[: row.index(1) + 1] == want[: want.index(1) + 1]
+    for name in golden.cases:
+        expected = _json(golden.reader_dir / "expected.json")["cases"][name]
+        ids, mask, labels = _case(golden, name)
+        with torch.no_grad():
+            loss = reader_without_bias(ids, mask, labels=labels).loss.item()
+        assert abs(loss - expected["loss"]) <= 2e-5 * expected["loss"], name
+        generated = reader_without_bias.generate(ids, mask, max_new_tokens=golden.new_tokens)
+        for row, want in zip(generated.tolist(), expected["greedy_ids"], strict=True):
+            assert row[: row.index(1) + 1] == want[: want.index(1) + 1], name
 
 
-def _retriever() -> DualEncoder:
-    config = _json(RETRIEVER / "config.json")["retriever_config"]
-    return released_retriever(load_file(RETRIEVER / "model.safetensors"), config, "golden").eval()
+def _retriever(golden: Golden) -> DualEncoder:
+    config = _json(golden.retriever_dir / "config.json")["retriever_config"]
+    weights = load_file(golden.retriever_dir / "model.safetensors")
+    return released_retriever(weights, config, "golden").eval()
 
 
-def _retriever_batch():
-    inputs = _json(RETRIEVER / "inputs.json")
-    question_ids = torch.tensor(inputs["question_ids"])  # (4, 24)
+def _retriever_batch(golden: Golden):
+    inputs = _json(golden.retriever_dir / "inputs.json")
+    question_ids = torch.tensor(inputs["question_ids"])  # (B, Lq)
     question_mask = torch.tensor(inputs["question_mask"]).long()
-    passage_ids = torch.tensor(inputs["passage_ids"]).flatten(0, 1)  # (4 * 5, 48)
+    passage_ids = torch.tensor(inputs["passage_ids"]).flatten(0, 1)  # (B * N, Lp)
     passage_mask = torch.tensor(inputs["passage_mask"]).long().flatten(0, 1)
-    teacher = torch.tensor(inputs["gold_scores"])  # (4, 5), sorted by the reader's score
+    teacher = torch.tensor(inputs["gold_scores"])  # (B, N), sorted by the reader's score
+    assert teacher.shape == (len(inputs["examples"]), inputs["n_context"])
     return question_ids, question_mask, passage_ids, passage_mask, teacher
 
 
-def test_retriever_embeddings_and_scores_equal_the_original():
-    model = _retriever()
+def test_retriever_embeddings_and_scores_equal_the_original(golden):
+    model = _retriever(golden)
     assert model.spec.input_format == "fid" and model.spec.project_tokens
-    expected = _json(RETRIEVER / "expected.json")
-    q_ids, q_mask, p_ids, p_mask, _ = _retriever_batch()
+    expected = _json(golden.retriever_dir / "expected.json")
+    q_ids, q_mask, p_ids, p_mask, teacher = _retriever_batch(golden)
     with torch.no_grad():
         q, p = model(q_ids, q_mask, p_ids, p_mask)
     torch.testing.assert_close(q, torch.tensor(expected["question_embeddings"]), rtol=0, atol=1e-5)
-    p = p.view(4, 5, -1)
+    p = p.view(*teacher.shape, -1)  # (B, N, D)
     torch.testing.assert_close(p, torch.tensor(expected["passage_embeddings"]), rtol=0, atol=1e-5)
     torch.testing.assert_close(
         model.scores(q, p), torch.tensor(expected["scores"]), rtol=0, atol=1e-5
     )
 
 
-def test_retriever_inputs_are_the_originals_strings():
+def test_retriever_inputs_are_the_originals_strings(golden):
     """The original's retriever inputs, built by fid's RetrieverTokenizer in format "fid"."""
     from fid.models.retriever import RetrieverTokenizer
 
-    inputs = _json(RETRIEVER / "inputs.json")
-    encode = RetrieverTokenizer(None, 24, 48, "fid")
+    inputs = _json(golden.retriever_dir / "inputs.json")
+    encode = RetrieverTokenizer(
+        None, inputs["question_maxlength"], inputs["passage_maxlength"], "fid"
+    )
     questions = [e["question"] for e in inputs["examples"]]
     assert encode.question_texts(questions) == inputs["question_strings"]
     by_id = {c["id"]: c for e in inputs["examples"] for c in e["ctxs_unsorted"]}
@@ -171,33 +216,35 @@ def test_retriever_inputs_are_the_originals_strings():
         assert built[0] == strings
 
 
-def test_one_distillation_step_equals_the_original():
+def test_one_distillation_step_equals_the_original(golden):
     """KL loss ('mean' reduction), its gradients, and one AdamW step with the original's
-    set-up (decay on every parameter, lr 1e-4, weight decay 0.1, clip 1.0, fixed lr)."""
-    model = _retriever().train()
-    expected = _json(RETRIEVER / "expected.json")
-    q_ids, q_mask, p_ids, p_mask, teacher = _retriever_batch()
+    set-up (decay on every parameter, lr 1e-4, weight decay 0.1, the set's clip, fixed lr)."""
+    model = _retriever(golden).train()
+    expected = _json(golden.retriever_dir / "expected.json")
+    q_ids, q_mask, p_ids, p_mask, teacher = _retriever_batch(golden)
     q, p = model(q_ids, q_mask, p_ids, p_mask)
-    owner = torch.arange(4).repeat_interleave(5)
+    n_questions, n_passages = teacher.shape
+    owner = torch.arange(n_questions).repeat_interleave(n_passages)
     loss = distillation_loss(q, p, owner, teacher.flatten(), 1.0, 1.0, False, "mean")
     assert abs(loss.item() - expected["kl_loss"]) <= 1e-5 * expected["kl_loss"]
     batchmean = distillation_loss(q, p, owner, teacher.flatten(), 1.0, 1.0, False, "batchmean")
-    assert abs(batchmean.item() - expected["kl_loss_batchmean"]) <= 1e-5 * expected["kl_loss"] * 5
+    tolerance = 1e-5 * expected["kl_loss"] * n_passages  # batchmean = mean x N
+    assert abs(batchmean.item() - expected["kl_loss_batchmean"]) <= tolerance
     loss.backward()
 
-    grads = load_file(RETRIEVER / "grads.safetensors")
+    grads = load_file(golden.retriever_dir / "grads.safetensors")
     named = dict(_original_names(model))
-    for name, golden in grads.items():
+    for name, original in grads.items():
         if name.startswith("model.pooler."):
             continue  # fid drops the pooler: the original never uses it
-        torch.testing.assert_close(named[name].grad, golden, rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(named[name].grad, original, rtol=1e-4, atol=1e-7, msg=name)
     hyper = expected["one_step_hyperparameters"]
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), hyper.get("clip", 1.0))
     assert abs(norm.item() - expected["grad_norm_before_clip"]) <= 1e-5 * norm.item()
     optimizer = build_optimizer(model, hyper.get("lr", 1e-4), hyper.get("weight_decay", 0.1),
                                 decay_biases_and_norms=True)  # fmt: skip
     optimizer.step()
-    after = load_file(RETRIEVER / "after_one_step.safetensors")
+    after = load_file(golden.retriever_dir / "after_one_step.safetensors")
     for name, parameter in _original_names(model):
         torch.testing.assert_close(parameter.detach(), after[name], rtol=0, atol=1e-6, msg=name)
 
@@ -212,7 +259,7 @@ def _original_names(model: DualEncoder):
 
 
 @pytest.fixture(scope="module")
-def released_retriever_folder(tmp_path_factory):
+def released_retriever_folder(tmp_path_factory, golden):
     """The golden retriever as facebookresearch/FiD released its retrievers (pytorch_model.bin
     + a flat RetrieverConfig config.json), and a BERT tokenizer over the fixtures' vocabulary."""
     from transformers import BertTokenizer
@@ -220,18 +267,20 @@ def released_retriever_folder(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("golden_retriever")
     released = tmp / "released"
     released.mkdir()
-    torch.save(load_file(RETRIEVER / "model.safetensors"), released / "pytorch_model.bin")
-    config = _json(RETRIEVER / "config.json")["retriever_config"]
+    torch.save(
+        load_file(golden.retriever_dir / "model.safetensors"), released / "pytorch_model.bin"
+    )
+    config = _json(golden.retriever_dir / "config.json")["retriever_config"]
     (released / "config.json").write_text(json.dumps(config))
     (tmp / "vocab").mkdir()
-    vocab = _json(RETRIEVER / "inputs.json")["vocab"]
+    vocab = _json(golden.retriever_dir / "inputs.json")["vocab"]
     (tmp / "vocab" / "vocab.txt").write_text("\n".join(vocab) + "\n")
     BertTokenizer.from_pretrained(tmp / "vocab", do_lower_case=True).save_pretrained(tmp / "tok")
     return released, tmp / "tok"
 
 
 def test_a_released_retriever_converted_embeds_and_retrieves_as_the_original(
-    tmp_path, released_retriever_folder
+    tmp_path, released_retriever_folder, golden
 ):
     """`fid convert-checkpoint --kind retriever`, then embed-passages / build-index / retrieve
     on the fixtures' passages: the original's input strings, ids and embeddings, end to end."""
@@ -240,16 +289,19 @@ def test_a_released_retriever_converted_embeds_and_retrieves_as_the_original(
     assert main(["convert-checkpoint", "--kind", "retriever", "--checkpoint", str(released),
                  "--tokenizer", str(tokenizer), "--output", str(model)]) == 0  # fmt: skip
     spec = _json(model / "dual_encoder.json")
+    config = _json(golden.retriever_dir / "config.json")["retriever_config"]
+    inputs = _json(golden.retriever_dir / "inputs.json")
+    dim = config["indexing_dimension"]
     assert (spec["input_format"], spec["projection_dim"], spec["project_tokens"]) == (
         "fid",
-        32,
+        dim,
         True,
     )
-    assert (spec["question_max_tokens"], spec["passage_max_tokens"]) == (24, 48)
+    lengths = (inputs["question_maxlength"], inputs["passage_maxlength"])
+    assert (spec["question_max_tokens"], spec["passage_max_tokens"]) == lengths
 
-    inputs = _json(RETRIEVER / "inputs.json")
     by_id = {c["id"]: c for e in inputs["examples"] for c in e["ctxs_unsorted"]}
-    used = [i for ids in inputs["used_ctx_ids"] for i in ids]  # (4 x 5) in the fixtures' order
+    used = [i for ids in inputs["used_ctx_ids"] for i in ids]  # (B x N) in the fixtures' order
     passages = tmp_path / "passages.tsv"
     passages.write_text("id\ttext\ttitle\n" + "".join(
         f"{i}\t{by_id[i]['text']}\t{by_id[i]['title']}\n" for i in dict.fromkeys(used)))  # fmt: skip
@@ -259,9 +311,10 @@ def test_a_released_retriever_converted_embeds_and_retrieves_as_the_original(
 
     vectors = np.load(tmp_path / "shard0.npy").astype(np.float32)
     ids = np.load(tmp_path / "shard0.ids.npy").tolist()
-    golden = torch.tensor(_json(RETRIEVER / "expected.json")["passage_embeddings"]).flatten(0, 1)
+    expected = _json(golden.retriever_dir / "expected.json")
+    want = torch.tensor(expected["passage_embeddings"]).flatten(0, 1)
     ours = torch.tensor(vectors[[ids.index(i) for i in used]])
-    torch.testing.assert_close(ours, golden, rtol=0, atol=2e-3)  # float16 shards
+    torch.testing.assert_close(ours, want, rtol=0, atol=2e-3)  # float16 shards
 
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(
@@ -273,9 +326,11 @@ def test_a_released_retriever_converted_embeds_and_retrieves_as_the_original(
                  "--passages", str(passages), "--questions", str(questions),
                  "--output", str(tmp_path / "retrieved.json")]) == 0  # fmt: skip
     records = _json(tmp_path / "retrieved.json")
-    scores = torch.tensor(_json(RETRIEVER / "expected.json")["scores"])  # (4, 5), /sqrt(32)
+    scores = torch.tensor(expected["scores"])  # (B, N): the inner product / sqrt(D)
+    scale = expected["score_scale_divisor"]
+    assert scale == dim**0.5
     for record, own_ids, own_scores in zip(records, inputs["used_ctx_ids"], scores, strict=True):
-        # the index's inner product is the original's score times sqrt(32)
+        # the index's inner product is the original's score times sqrt(D)
         best = own_ids[int(own_scores.argmax())]
         found = {c["id"]: c["score"] for c in record["ctxs"]}
-        assert abs(found[best] - float(own_scores.max()) * 32**0.5) < 2e-2
+        assert abs(found[best] - float(own_scores.max()) * scale) < 2e-2

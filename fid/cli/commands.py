@@ -31,9 +31,11 @@ def _load_config(args: argparse.Namespace, config_class):
         ) from None
 
 
-def _device_config(args: argparse.Namespace, config_class):
+def _device_config(args: argparse.Namespace, config_class, inference: bool = False):
     """The knobs of a command that runs a model: fp16 autocast exists on CUDA only, so it is
-    refused on other devices before any model is loaded."""
+    refused on other devices before any model is loaded. "auto" is resolved here (what ran is
+    recorded), but for `inference` commands, whose stage resolves it with the model's width
+    (fid.runtime.precision)."""
     from fid.config import ConfigError
     from fid.runtime.precision import resolve_precision
 
@@ -43,6 +45,8 @@ def _device_config(args: argparse.Namespace, config_class):
             f"{args.config}: precision = 'fp16' needs a CUDA device, but this job runs on "
             f"{args.device.type}: expected bf16 or fp32 (or auto) there"
         )
+    if inference:
+        return cfg
     # "auto" as what it means here, so that a run's record (and state key) says what ran
     return dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, args.device))
 
@@ -157,7 +161,7 @@ def eval_reader(args) -> None:
     from fid.config import EvalReaderConfig
     from fid.evaluation.reader import eval_reader
 
-    cfg = _device_config(args, EvalReaderConfig)
+    cfg = _device_config(args, EvalReaderConfig, inference=True)
     eval_reader(
         cfg, args.model, args.questions, args.predictions, args.metrics, args.device,
         args.passages,
@@ -226,7 +230,7 @@ def embed_passages(args) -> None:
     from fid.config import EmbedPassagesConfig
     from fid.retrieval.embeddings import embed_passages
 
-    cfg = _device_config(args, EmbedPassagesConfig)
+    cfg = _device_config(args, EmbedPassagesConfig, inference=True)
     embed_passages(
         cfg, args.model, args.passages, args.shard, args.n_shards, args.output, args.device
     )
@@ -243,7 +247,7 @@ def retrieve(args) -> None:
     from fid.config import RetrieveConfig
     from fid.retrieval.dense import retrieve
 
-    cfg = _device_config(args, RetrieveConfig)
+    cfg = _device_config(args, RetrieveConfig, inference=True)
     retrieve(cfg, args.model, args.index, args.passages, args.questions, args.output, args.device)
 
 

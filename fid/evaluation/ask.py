@@ -83,7 +83,9 @@ def ask(
     )  # fmt: skip
     index = PassageIndex.load(paths.index, expected_dim=retriever.dim)
     set_search_knobs(index, search)
+    search = _resolved(search, device, retriever.question_encoder.config.hidden_size)
     reader, tokenizer, collator = reader_and_collator(cfg, paths.reader, device)
+    cfg = _resolved(cfg, device, reader.t5.config.d_model)
     logger.info(
         "loaded in %.1f s: reader %s, retriever %s, index %s, passages %s; each question "
         "reads its top %d passages", time.perf_counter() - started, paths.reader,
@@ -127,12 +129,18 @@ def _configs(paths: RunPaths, config: Path | None, n_passages: int | None, devic
 
 
 def _runnable(cfg, device: torch.device):
-    """`cfg` with its precision resolved; a GPU run's fp16 is fp32 on a CPU (so that a run
-    trained and evaluated on GPUs can still be asked on a laptop)."""
-    if resolve_precision(cfg.precision, device) == "fp16" and device.type != "cuda":
-        logger.warning("%s: precision fp16 needs CUDA; fp32 on %s", type(cfg).__name__, device)
+    """`cfg` with a precision that runs on `device`: a GPU run's fp16 is "auto" on a CPU (so
+    that a run trained and evaluated on GPUs can still be asked on a laptop); "auto" is
+    resolved once the model's width is known (`_resolved`)."""
+    if cfg.precision == "fp16" and device.type != "cuda":
+        logger.warning("%s: precision fp16 needs CUDA; auto on %s", type(cfg).__name__, device)
         cfg = replace(cfg, precision="auto")
-    return replace(cfg, precision=resolve_precision(cfg.precision, device))
+    return cfg
+
+
+def _resolved(cfg, device: torch.device, width: int):
+    """`cfg` with its precision resolved for inference with a model `width` wide."""
+    return replace(cfg, precision=resolve_precision(cfg.precision, device, width))
 
 
 def _passage_lookup(path: Path):

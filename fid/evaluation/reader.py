@@ -19,7 +19,7 @@ from fid.metrics.answers import answer_metrics, describe_answer_metrics, exact_m
 from fid.runtime import distributed
 from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import atomic_paths, atomic_write_json, atomic_write_jsonl
-from fid.runtime.precision import autocast
+from fid.runtime.precision import autocast, resolve_precision
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +57,12 @@ def eval_reader(
     """
     examples = load_examples(questions_path, passages=passages_path)
     reader, tokenizer, collator = reader_and_collator(cfg, model_path, device)
+    # "auto": bf16 on a GPU, and on a CPU that computes it natively for a model wide enough
+    precision = resolve_precision(cfg.precision, device, reader.t5.config.d_model)
+    logger.info("generating in %s (precision: %s)", precision, cfg.precision)
     mine = take(examples, distributed.shard_indices(len(examples)))
     started, started_cpu = time.perf_counter(), time.process_time()
-    with torch.no_grad(), autocast(device, cfg.precision):
+    with torch.no_grad(), autocast(device, precision):
         local = generate_answers(
             reader, tokenizer, collator, mine, cfg.eval_batch_size, cfg.max_new_tokens,
             cfg.num_beams, device, acceleration=cfg,
@@ -75,6 +78,7 @@ def eval_reader(
     metrics["generation"] = {
         "questions_per_second": len(mine) / seconds if seconds > 0 else None,
         "cpu_seconds_per_question": cpu_seconds / len(mine) if len(mine) else None,
+        "precision": precision,
         "acceleration": {
             key: getattr(cfg, key) for key in ACCELERATION_KEYS if getattr(cfg, key) is not None
         } if cfg.accelerated else None,

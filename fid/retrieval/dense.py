@@ -24,7 +24,7 @@ from fid.retrieval.index import PassageIndex
 from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
-from fid.runtime.precision import autocast
+from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
@@ -72,8 +72,12 @@ def rank_dense(
 
 def search_dense(model, encode, index, questions, cfg, device):
     """(scores, ranked passage ids) of every question: the search of `rank_dense` alone."""
+    # "auto": bf16 on a GPU, and on a CPU that computes it natively for a model wide enough
+    width = model.question_encoder.config.hidden_size
+    precision = resolve_precision(cfg.precision, device, width)
+    logger.info("encoding questions in %s", precision)
     vectors = encode_questions(
-        model, encode, [q["question"] for q in questions], cfg.batch_size, device, cfg.precision
+        model, encode, [q["question"] for q in questions], cfg.batch_size, device, precision
     )
     set_search_knobs(index, cfg)
     return index.search_rows(vectors, cfg.top_k)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from fid.errors import DataError
 from fid.models.loading import load_retriever
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.runtime.fileio import atomic_path, atomic_write_json
-from fid.runtime.precision import autocast
+from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ def save_embedding_shard(
     shard: int,
     n_shards: int,
     model: str,
+    precision: str | None = None,
 ) -> None:
     """Writes one shard of passage embeddings (`{prefix}.npy`, `.ids.npy`, `.json`), atomically.
 
@@ -134,6 +136,7 @@ def save_embedding_shard(
         shard: this shard's number, 0 <= shard < n_shards.
         n_shards: how many shards the passages were split into.
         model: name or path of the encoder, checked when shards are merged and queries encoded.
+        precision: the precision the passages were embedded in (recorded).
 
     Raises:
         ValueError: for a bad shape, an id count that differs from the row count, a duplicate
@@ -166,6 +169,8 @@ def save_embedding_shard(
         "dim": int(embeddings.shape[1]),
         "model": model,
     }
+    if precision is not None:
+        meta["precision"] = precision
     atomic_write_json(meta_path, meta)
     logger.info(
         "wrote shard %d/%d: %d embeddings of d=%d to %s", shard, n_shards, *half.shape, prefix
@@ -356,8 +361,14 @@ def embed_passages(
     retriever, encode = load_retriever(
         model_path, None, cfg.passage_max_tokens, device, override=cfg.override_model_settings
     )
+    # "auto": bf16 on a GPU, and on a CPU that computes it natively for a model wide enough
+    width = retriever.question_encoder.config.hidden_size
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device, width))
+    logger.info("embedding in %s", cfg.precision)
     embeddings, ids = passage_embeddings(
         retriever, encode, iter_passages(passages_path, start, end), cfg, device
     )
-    save_embedding_shard(output, embeddings, ids, shard, n_shards, model=str(model_path))
+    save_embedding_shard(
+        output, embeddings, ids, shard, n_shards, model=str(model_path), precision=cfg.precision
+    )
     logger.info("embedded %d passages (shard %d of %d)", len(ids), shard, n_shards)

@@ -1,11 +1,13 @@
 """Mixed precision: what a `precision` knob means on a device, and its autocast context.
 
-"auto" is bf16 on a GPU and fp32 on a CPU. bf16 on a CPU is fast only where the CPU computes it
-natively (AVX-512 with BF16, AMX): on an AVX2-only CPU torch falls back to a scalar bf16 matrix
-product, measured here (AMD EPYC, AVX2, torch 2.13) 27x slower than fp32 for a 256x512x512
-product and 5.6x slower per training step of the demo's tiny T5 (benchmarks/reader_speed.py:
-0.54 s fp32 vs 3.0 s bf16 at N = 10). "auto" therefore never picks bf16 on a CPU, and an
-explicit bf16 there is logged with that warning.
+"auto" is bf16 on a GPU. On a CPU it is fp32, except for inference (generation, passage and
+question embedding) on a CPU that computes bf16 natively (AVX-512 BF16 or AMX) with a model at
+least CPU_BF16_MIN_WIDTH wide: there bf16 autocast pays (benchmarks/cpu_bf16.py). Training and
+the teacher's passage scores stay fp32 on a CPU (their config says so, or "auto" gives it).
+Without native bf16, torch falls back to a scalar bf16 matrix product, measured here (AMD EPYC,
+AVX2, torch 2.13) 27x slower than fp32 for a 256x512x512 product and 5.6x slower per training
+step of the demo's tiny T5 (benchmarks/reader_speed.py: 0.54 s fp32 vs 3.0 s bf16 at N = 10):
+an explicit bf16 there is logged with that warning.
 """
 
 from __future__ import annotations
@@ -19,15 +21,32 @@ import torch
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# The narrowest model (hidden size) whose CPU inference "auto" runs in bf16 where the CPU
+# computes it natively (benchmarks/cpu_bf16.py, one thread, N = 100, greedy answers: bf16 was
+# slower than fp32 below it, faster from it on).
+CPU_BF16_MIN_WIDTH = 384
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """The concrete precision ("fp32", "bf16" or "fp16") of a knob's value on `device`."""
+def resolve_precision(
+    precision: str, device: torch.device, inference_width: int | None = None
+) -> str:
+    """The concrete precision ("fp32", "bf16" or "fp16") of a knob's value on `device`.
+
+    Args:
+        precision: "auto", "fp32", "bf16" or "fp16".
+        device: where the model runs.
+        inference_width: for inference (generation, embedding), the model's hidden size: on
+            a CPU with native bf16, "auto" is bf16 from CPU_BF16_MIN_WIDTH on. None (training,
+            teacher scores): "auto" is fp32 on a CPU.
+    """
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
-    if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return precision
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16"
+    wide = inference_width is not None and inference_width >= CPU_BF16_MIN_WIDTH
+    return "bf16" if wide and cpu_computes_bf16() else "fp32"
 
 
 @functools.cache
