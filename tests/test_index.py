@@ -429,7 +429,7 @@ def test_compressed_factories_get_their_search_knobs(vectors):
 
 
 def test_rerank_round_trip_from_shards_maps_the_vectors(tmp_path, vectors):
-    from fid.retrieval.index import build_index
+    from fid.retrieval.index_build import build_index
 
     prefixes = save_shards(tmp_path / "shards", vectors, passage_ids(N), 3)
     cfg = IndexConfig("IVF16,PQ8", metric="l2", nprobe=4, rerank=True, shortlist=64,

@@ -27,7 +27,8 @@ class ReaderInputConfig:
             (B, N*L) layout with padding tokens masked.
         pad_to_max_length: pad every passage to `passage_max_tokens` (the original's
             behaviour; only useful for comparisons).
-        precision: "auto" (bf16 on a GPU, fp32 on a CPU: see fid.runtime.precision), "fp32",
+        precision: "auto" (bf16 on a GPU; fp32 on a CPU, but for generation by a model at
+            least 384 wide on a CPU with native bf16: see fid.runtime.precision), "fp32",
             "bf16" (autocast) or "fp16" (autocast + loss scaling; GPU only).
         attention: T5's attention kernel: "auto" is "eager" on CPU (measured faster there than
             "sdpa": 0.84 vs 1.14 s per step at 100 passages, bf16) and "sdpa" on GPU.

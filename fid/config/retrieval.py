@@ -230,7 +230,8 @@ class EmbedPassagesConfig:
             to its own longest passage.
         sort_chunk: passages read, sorted and embedded together (bounds memory on 21M rows).
         pad_to_max_length: pad every batch to `passage_max_tokens` (a baseline for comparison).
-        precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
+        precision: "auto" (bf16 on GPU; on CPU bf16 for a model at least 384 wide where the
+            CPU computes it natively, else fp32), "fp32", "bf16" or "fp16" (GPU).
         override_model_settings: use this config's `passage_max_tokens` over the model's.
     """
 
@@ -317,7 +318,8 @@ class RetrieveConfig:
             `rerank: true` (>= top_k); None keeps the index's own. An error for an index
             without re-ranking vectors.
         has_answer_mode: DPR's "string" rule, or "regex" for answers given as patterns.
-        precision: "auto" (bf16 on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (GPU).
+        precision: "auto" (bf16 on GPU; on CPU bf16 for a model at least 384 wide where the
+            CPU computes it natively, else fp32), "fp32", "bf16" or "fp16" (GPU).
         override_model_settings: use this config's `question_max_tokens` over the model's.
         list_format: "fid_json" (FiD records with every passage's text) or "compact"
             (passage ids and scores; see BM25Config).
