@@ -1,61 +1,377 @@
-"""The checks that need a GPU (run on a CUDA machine; ~2 minutes): fp16 training with a loss
-scaler, bf16 autocast, generation and scoring on CUDA, then the reader speed table.
+"""The GPU path's acceptance run: every path that only a GPU takes, executed once and compared
+with the CPU, in one call (issue 21; <= 8 minutes on one GPU).
 
-    python benchmarks/gpu_check.py [--out DIR]
+    python benchmarks/gpu_check.py                       # on a CUDA machine: the full run
+    python benchmarks/gpu_check.py --device cpu --small  # the same steps, small, on a CPU
 
-Exits non-zero if a command fails or a loss is not finite.
+Each check prints one row (ok, seconds, what it found) and everything goes to OUT/gpu_check.json;
+the exit status is 1 if any check failed. The checks, on a demo world with tiny models:
+
+- train fp16 / bf16: reader training with autocast (fp16 with the loss scaler, CUDA only); its
+  first losses are finite and within a tolerance of the fp32 CPU run on the same seed and data;
+- resume: fp32 training stopped by SIGUSR1 after its first checkpoint (exit 75) and run again
+  ends bitwise equal to an uninterrupted run (`deterministic: true`);
+- eval / score / embed / retrieve: `eval-reader`, `score-passages`, `embed-passages`, `retrieve`
+  on the device equal the CPU's (fp32: the same answers; scores, vectors and lists within
+  tolerance);
+- process group: one rank under `torchrun --nproc-per-node 1` (NCCL on a GPU, gloo on a CPU)
+  through fid's collectives, and FSDP's sharding of one rank's reader through a training step;
+- train retriever: distillation on the device, its loss finite and close to the CPU's;
+- acceleration speed: benchmarks/reader_acceleration.py speed on the device (issue 14's table);
+- MFU: a reader training step at t5-base shape (small: tiny), N = 100 passages of 250 tokens,
+  bf16, its model FLOPs per second against the chip's bf16 dense peak (goal >= 40%).
+
+`--device cpu --small` runs every check that a CPU can (fp16 and the MFU's peak are CUDA's) on
+tiny sizes in about a minute: tests/test_gpu_check.py runs it, so that the script cannot rot
+before a GPU runs it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+import traceback
 from pathlib import Path
 
-import torch
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
+# bf16 dense peak FLOP/s by GPU name (NVIDIA's data sheets, without sparsity)
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+TOLERANCE = {"fp16": 0.02, "bf16": 0.05, "fp32": 1e-4}  # relative, first logged losses
 
 
-def fid(*args) -> None:
-    subprocess.run([sys.executable, "-m", "fid", *map(str, args)], check=True, cwd=ROOT)
+def _fid(*args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """`python -m fid ARGS` (one thread), its output captured."""
+    command = [sys.executable, "-m", "fid", "--threads", "1", *map(str, args)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, **(env or {})})  # fmt: skip
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[2:6])}...: exit {result.returncode}\n"
+                           f"{result.stderr[-2000:]}")  # fmt: skip
+    return result
+
+
+def _yaml(path: Path, values: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def _losses(model: Path) -> list[float]:
+    lines = (model / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+class Run:
+    """The shared set-up (a demo world, tiny models) and the checks, each a method."""
+
+    def __init__(self, device: str, small: bool, out: Path):
+        self.device, self.small, self.out = device, small, out
+        self.cuda = device == "cuda"
+        self.data = out / "data"
+        # The CPU reference runs in a process that sees no GPU.
+        self.cpu_env = {"CUDA_VISIBLE_DEVICES": ""}
+        self.device_env = {} if self.cuda else self.cpu_env
+        n_entities = 24 if small else 120
+        _fid("make-demo-data", "--config", _yaml(out / "world.yaml", dict(
+            n_entities=n_entities, n_dev_facts=16, n_test_facts=16, train_paraphrases=1,
+            n_passages=4)), "--output", self.data)  # fmt: skip
+        corpus = [self.data / "passages.tsv", self.data / "reader/train.json"]
+        _fid("init-reader", "--config", _yaml(out / "init_reader.yaml", dict(
+            vocab_size=500, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_decoder_layers=2,
+            num_heads=4)), "--corpus", *corpus, "--output", out / "init_reader")  # fmt: skip
+        _fid("init-retriever", "--config", _yaml(out / "init_retriever.yaml", dict(
+            vocab_size=500, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)),
+            "--corpus", *corpus, "--output", out / "init_retriever")  # fmt: skip
+
+    def reader_config(self, name: str, **changes) -> Path:
+        values = dict(n_passages=4, passage_max_tokens=64, batch_size_per_device=8,
+                      max_steps=12, lr=1e-3, warmup_steps=2, eval_every_steps=12,
+                      save_every_steps=4, log_every_steps=1, eval_batch_size=16,
+                      max_new_tokens=6, dropout=0.0, tensorboard=False, precision="fp32")  # fmt: skip
+        return _yaml(self.out / f"{name}.yaml", {**values, **changes})
+
+    def train_reader(self, name: str, config: Path, env: dict, **flags) -> Path:
+        _fid("train-reader", "--config", config, "--train", self.data / "reader/train.json",
+             "--dev", self.data / "reader/dev.json", "--init-model", self.out / "init_reader",
+             "--output", self.out / name, "--state-dir", self.out / f"state-{name}", env=env)  # fmt: skip
+        return self.out / name
+
+    # ---------------------------------------------------------------- checks
+    def reference_reader(self) -> Path:
+        """The fp32 reader trained on the CPU (once): the reference of the other checks."""
+        model = self.out / "fp32-cpu"
+        if not (model / "metrics.jsonl").is_file():
+            self.train_reader("fp32-cpu", self.reader_config("fp32"), self.cpu_env)
+        return model
+
+    def train_precisions(self) -> str:
+        reference = _losses(self.reference_reader())
+        found = []
+        for precision in ("fp16", "bf16") if self.cuda else ("bf16",):
+            config = self.reader_config(precision, precision=precision)
+            losses = _losses(self.train_reader(precision, config, self.device_env))
+            first = losses[:3]
+            assert all(x == x and abs(x) < 1e4 for x in losses), f"{precision}: {losses}"
+            worst = max(abs(a - b) / abs(b) for a, b in zip(first, reference, strict=False))
+            assert worst <= TOLERANCE[precision], (precision, first, reference[:3])
+            found.append(f"{precision} first losses within {worst:.1e} of fp32 CPU")
+        return "; ".join(found)
+
+    def resume(self) -> str:
+        from safetensors.torch import load_file
+
+        config = self.reader_config("resume", max_steps=40, save_every_steps=5,
+                                    eval_every_steps=40, deterministic=True)  # fmt: skip
+        straight = self.train_reader("straight", config, self.device_env)
+        state = self.out / "state-stopped"
+        command = [sys.executable, "-m", "fid", "--threads", "1", "train-reader", "--config",
+                   str(config), "--train", str(self.data / "reader/train.json"), "--dev",
+                   str(self.data / "reader/dev.json"), "--init-model",
+                   str(self.out / "init_reader"), "--output", str(self.out / "stopped"),
+                   "--state-dir", str(state)]  # fmt: skip
+        process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **self.device_env},
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not (state / "step-5").exists() and process.poll() is None:
+            assert time.monotonic() < deadline, "no first checkpoint within 300 s"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGUSR1)
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 75, f"exit {process.returncode}, not 75: {err[-1500:]}"
+        subprocess.run(command, cwd=ROOT, env={**os.environ, **self.device_env}, check=True,
+                       capture_output=True)  # fmt: skip
+        one, two = (load_file(p / "model.safetensors") for p in (straight, self.out / "stopped"))
+        differ = [name for name in one if not one[name].equal(two[name])]
+        assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"
+        return f"stopped at a checkpoint (exit 75), resumed: {len(one)} tensors bitwise equal"
+
+    def inference(self) -> str:
+        import numpy as np
+
+        reader = self.reference_reader()
+        test = self.data / "reader/test.json"
+        fp32 = _yaml(self.out / "eval.yaml", dict(n_passages=4, eval_batch_size=16,
+                                                  max_new_tokens=6, precision="fp32"))  # fmt: skip
+        found = {}
+        for where, env in (("cpu", self.cpu_env), ("device", self.device_env)):
+            _fid("eval-reader", "--config", fp32, "--model", reader, "--questions", test,
+                 "--predictions", self.out / f"p-{where}.jsonl", "--metrics",
+                 self.out / f"m-{where}.json", env=env)  # fmt: skip
+            _fid("score-passages", "--config", _yaml(self.out / "score.yaml", dict(
+                n_passages=4, precision="fp32")), "--model", reader, "--questions", test,
+                "--output", self.out / f"scored-{where}.json", env=env)  # fmt: skip
+            _fid("embed-passages", "--config", _yaml(self.out / "embed.yaml", dict(
+                precision="fp32")), "--model", self.out / "init_retriever", "--passages",
+                self.data / "passages.tsv", "--output", self.out / f"shard-{where}", env=env)  # fmt: skip
+            _fid("build-index", "--shards", self.out / f"shard-{where}", "--output",
+                 self.out / f"index-{where}", env=env)  # fmt: skip
+            _fid("retrieve", "--config", _yaml(self.out / "retrieve.yaml", dict(
+                top_k=10, precision="fp32")), "--model", self.out / "init_retriever",
+                "--index", self.out / f"index-{where}", "--passages", self.data / "passages.tsv",
+                "--questions", self.data / "test.jsonl", "--output",
+                self.out / f"retrieved-{where}.json", env=env)  # fmt: skip
+        answers = [[json.loads(x)["prediction"] for x in (self.out / f"p-{w}.jsonl").open()]
+                   for w in ("cpu", "device")]  # fmt: skip
+        assert answers[0] == answers[1], "eval-reader: other answers on the device"
+        found["answers"] = f"{len(answers[0])} equal"
+        scores = [[c["reader_score"] for r in json.loads((self.out / f"scored-{w}.json")
+                   .read_text()) for c in r["ctxs"] if "reader_score" in c]
+                  for w in ("cpu", "device")]  # fmt: skip
+        worst = float(np.max(np.abs(np.array(scores[0]) - np.array(scores[1]))))
+        assert worst <= 1e-4, f"score-passages: scores differ by {worst}"
+        found["scores"] = f"max diff {worst:.1e}"
+        vectors = [np.load(self.out / f"shard-{w}.npy").astype(np.float32)
+                   for w in ("cpu", "device")]  # fmt: skip
+        worst = float(np.abs(vectors[0] - vectors[1]).max())
+        assert worst <= 2e-3, f"embed-passages: vectors differ by {worst}"  # float16 shards
+        found["vectors"] = f"max diff {worst:.1e}"
+        lists = [[[c["id"] for c in r["ctxs"]] for r in json.loads((self.out / f"retrieved-{w}"
+                  ".json").read_text())] for w in ("cpu", "device")]  # fmt: skip
+        same = np.mean([len(set(a) & set(b)) / len(a) for a, b in zip(*lists, strict=True)])
+        assert same >= 0.99, f"retrieve: {same:.3f} of the top 10 shared"
+        found["lists"] = f"{same:.1%} of the top 10 shared"
+        return ", ".join(f"{k} {v}" for k, v in found.items())
+
+    def process_group(self) -> str:
+        # torchrun's variables, one rank; --no-python: it runs `python -c SCRIPT` as given
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "1", "--log-dir", os.devnull, "--no-python",
+                   sys.executable, "-c", _PROCESS_GROUP, str(self.out / "init_reader")]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                                env={**os.environ, **self.device_env})  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout.strip().splitlines()[-1]
+
+    def train_retriever(self) -> str:
+        reader, losses = self.reference_reader(), {}
+        score = _yaml(self.out / "score.yaml", dict(n_passages=4, precision="fp32"))
+        for split in ("train", "dev"):
+            _fid("score-passages", "--config", score, "--model", reader,
+                 "--questions", self.data / f"reader/{split}.json", "--output",
+                 self.out / f"scored-{split}.json", env=self.cpu_env)  # fmt: skip
+        config = _yaml(self.out / "retriever.yaml", dict(
+            n_passages=4, batch_size_per_device=8, max_steps=8, lr=1e-3, warmup_steps=1,
+            eval_k=[1], select_on="candidate_agreement@1", eval_every_steps=8,
+            save_every_steps=8, log_every_steps=1, precision="fp32", tensorboard=False))  # fmt: skip
+        for where, env in (("cpu", self.cpu_env), ("device", self.device_env)):
+            _fid("train-retriever", "--config", config, "--train", self.out / "scored-train.json",
+                 "--dev", self.out / "scored-dev.json", "--init-model",
+                 self.out / "init_retriever", "--output", self.out / f"retriever-{where}",
+                 "--state-dir", self.out / f"state-retriever-{where}", env=env)  # fmt: skip
+            losses[where] = _losses(self.out / f"retriever-{where}")
+        assert all(x == x for x in losses["device"]), losses["device"]
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses["device"][:3], losses["cpu"][:3],
+                                                        strict=True))  # fmt: skip
+        assert worst <= 1e-3, (losses["device"][:3], losses["cpu"][:3])
+        return f"{len(losses['device'])} steps, first losses within {worst:.1e} of the CPU's"
+
+    def acceleration_speed(self) -> str:
+        sizes = ["--questions", "1", "--n", "2", "--steps", "2"] if self.small else \
+            ["--questions", "32", "--n", "100", "--steps", "20", "--batch-size", "8"]  # fmt: skip
+        options = ["plain", "prune k=1"] if self.small else []
+        command = [sys.executable, "benchmarks/reader_acceleration.py", "speed", *sizes,
+                   "--device", self.device, *(["--options", *options] if options else [])]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                                env={**os.environ, **self.device_env})  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        (self.out / "acceleration_speed.txt").write_text(result.stdout)
+        return f"table in {self.out / 'acceleration_speed.txt'}"
+
+    def mfu(self) -> str:
+        result = subprocess.run([sys.executable, "-c", _MFU, self.device, str(self.small)],
+                                capture_output=True, text=True, cwd=ROOT, timeout=900,
+                                env={**os.environ, **self.device_env})  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        figures = json.loads(result.stdout.strip().splitlines()[-1])
+        peak = next((v for k, v in PEAK_BF16.items() if k in figures["device_name"]), None)
+        achieved = figures["flops"] / figures["step_s"]
+        if peak is None:
+            return f"{achieved / 1e12:.3f} TFLOP/s ({figures['device_name']}: no bf16 peak known)"
+        mfu = achieved / peak
+        assert mfu >= 0.40, f"MFU {mfu:.1%} < 40% ({achieved / 1e12:.1f} TFLOP/s)"
+        return f"MFU {mfu:.1%}: {achieved / 1e12:.1f} of {peak / 1e12:.0f} TFLOP/s"
+
+
+# One rank of a process group (NCCL on a GPU, gloo on a CPU): fid's collectives, then FSDP's
+# sharding of the reader (every block its own unit) through a forward, backward and step.
+_PROCESS_GROUP = """
+import sys, torch
+from fid.runtime import distributed
+from fid.runtime.launcher import init_from_env
+import torch.distributed as dist
+info = init_from_env()
+device = distributed.setup(info)
+if not dist.is_initialized():  # one rank: fid starts no group by itself
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+backend = dist.get_backend()
+assert distributed.all_gather_objects({"x": 1}) == [{"x": 1}]
+assert distributed.broadcast_object(3) == 3 and distributed.sum_over_ranks([2.0], device) == [2.0]
+assert distributed.any_rank(True, device) and not distributed.main_rank_flag(False, device)
+distributed.barrier()
+from fid.models.loading import load_reader
+from fid.training import sharding
+reader, _ = load_reader(sys.argv[1], 2, True)
+reader.to(device).train()
+units = reader.fsdp_units()
+replicated = sharding.shard(reader, units)
+ids = torch.randint(3, 400, (2, 3, 16), device=device)
+loss = reader(ids, torch.ones_like(ids), labels=torch.randint(3, 400, (2, 4), device=device)).loss
+loss.backward()
+sharding.average_replicated_gradients(replicated)
+norm = sharding.clip_grad_norm([p for p in reader.parameters()], 1.0)
+torch.optim.AdamW(reader.parameters(), lr=1e-3).step()
+full = sharding.full_state_dict(reader)
+assert full and all(torch.isfinite(v).all() for v in full.values())
+dist.destroy_process_group()
+print(f"{backend}: collectives ok; FSDP ({len(units)} units) step, loss {float(loss):.3f}, "
+      f"grad norm {float(norm):.3f}, full state dict of {len(full)} tensors")
+"""
+
+# A reader training step at t5-base shape (small: tiny), N = 100 passages x 250 tokens, bf16:
+# its step time and model FLOPs (6 x parameters x tokens for the weights, plus attention).
+_MFU = """
+import json, sys, time, torch
+from transformers import T5Config, T5ForConditionalGeneration
+from fid.models.reader import FiDReader
+from fid.runtime.precision import autocast
+device, small = torch.device(sys.argv[1]), sys.argv[2] == "True"
+torch.set_num_threads(1)
+d, layers, heads, d_ff = (32, 2, 4, 64) if small else (768, 12, 12, 3072)
+n, length, answer = (10, 64, 8) if small else (100, 250, 10)
+config = T5Config(vocab_size=32128, d_model=d, d_ff=d_ff, d_kv=d // heads, num_layers=layers,
+                  num_heads=heads, dropout_rate=0.0, decoder_start_token_id=0)
+reader = FiDReader(T5ForConditionalGeneration(config), encoder_buckets=1).to(device).train()
+reader.set_activation_checkpointing(not small)
+optimizer = torch.optim.AdamW(reader.parameters(), lr=1e-4)
+ids = torch.randint(3, 32000, (1, n, length), device=device)
+mask, labels = torch.ones_like(ids), torch.randint(3, 32000, (1, answer), device=device)
+def step():
+    with autocast(device, "bf16"):
+        loss = reader(ids, mask, labels=labels).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+for _ in range(2):
+    step()
+sync()
+started, steps = time.perf_counter(), 3 if small else 10
+for _ in range(steps):
+    step()
+sync()
+step_s = (time.perf_counter() - started) / steps
+encoder = sum(p.numel() for p in reader.t5.encoder.parameters())
+decoder = sum(p.numel() for p in reader.t5.decoder.parameters()) + d * 32128  # + LM head
+tokens = n * length
+attention = layers * (4 * tokens * length * d + 4 * answer * tokens * d + 4 * answer**2 * d)
+flops = 6 * (encoder * tokens + decoder * answer) + 3 * attention
+name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+print(json.dumps({"step_s": step_s, "flops": flops, "device_name": name}))
+"""
+
+CHECKS = ["train_precisions", "resume", "inference", "process_group", "train_retriever",
+          "acceleration_speed", "mfu"]  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--small", action="store_true", help="tiny sizes (the suite's run)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/fid-gpu-check"))
-    out = parser.parse_args().out
-    if not torch.cuda.is_available():
-        sys.exit("no CUDA device: run this on a GPU machine")
-    fid("make-demo-data", "--output", out / "data")
-    fid("init-reader", "--corpus", out / "data/passages.tsv", "--output", out / "init")
-    data = out / "data/reader"
-    for precision in ("fp16", "bf16"):
-        config = out / f"{precision}.yaml"
-        config.write_text(yaml.safe_dump(dict(
-            n_passages=10, passage_max_tokens=96, batch_size_per_device=16, max_steps=60,
-            lr=1e-3, warmup_steps=5, eval_every_steps=30, log_every_steps=10, eval_batch_size=64,
-            max_new_tokens=8, precision=precision, activation_checkpointing=True,
-        )))  # fmt: skip
-        fid("train-reader", "--config", config, "--train", data / "train.json", "--dev",
-            data / "dev.json", "--init-model", out / "init", "--output", out / f"reader-{precision}",
-            "--state-dir", out / f"state-{precision}")  # fmt: skip
-        records = [json.loads(x) for x in (out / f"reader-{precision}/metrics.jsonl").open()]
-        losses = [r["loss"] for r in records if r["kind"] == "train"]
-        assert all(loss == loss and abs(loss) < 1e4 for loss in losses), losses
-        print(precision, "losses", [round(x, 3) for x in losses])
-    fid("eval-reader", "--model", out / "reader-bf16", "--questions", data / "test.json",
-        "--predictions", out / "p.jsonl", "--metrics", out / "m.json")  # fmt: skip
-    fid("score-passages", "--model", out / "reader-bf16", "--questions", data / "test.json",
-        "--output", out / "scored.json")  # fmt: skip
-    subprocess.run(
-        [sys.executable, "benchmarks/reader_speed.py", "--n", "100", "--device", "cuda"],
-        check=True,
-        cwd=ROOT,
-    )
+    parser.add_argument("--checks", nargs="+", default=CHECKS, choices=CHECKS)
+    args = parser.parse_args()
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run this on a GPU machine, or with --device cpu --small")
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    run = Run(args.device, args.small, args.out)
+    rows = []
+    for name in args.checks:
+        began = time.perf_counter()
+        try:
+            detail, ok = getattr(run, name)(), True
+        except Exception as error:  # a failed check is a row of the table, not the end
+            detail, ok = f"{type(error).__name__}: {error}", False
+            traceback.print_exc()
+        rows.append({"check": name, "ok": ok, "seconds": round(time.perf_counter() - began, 1),
+                     "detail": detail})  # fmt: skip
+        print(f"{'ok ' if ok else 'FAIL'} {name:<20} {rows[-1]['seconds']:7.1f} s  {detail}",
+              flush=True)  # fmt: skip
+    device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    report = {"device": device, "small": args.small, "torch": torch.__version__,
+              "seconds": round(time.perf_counter() - started, 1), "checks": rows}  # fmt: skip
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{device}: {sum(r['ok'] for r in rows)}/{len(rows)} checks ok in "
+          f"{report['seconds']:.0f} s; {args.out / 'gpu_check.json'}")  # fmt: skip
+    sys.exit(0 if all(r["ok"] for r in rows) else 1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ OUTPUTS: none (no rules here): STAGES, path functions, per-rule resources and la
 the input functions of the training rules, for rules/*.smk.
 """
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -23,6 +24,7 @@ from fid.config import DemoDataConfig, ScaleDataConfig
 from fid.config import DownloadConfig
 from fid.config import IndexConfig
 from fid.config import PrepareQuestionsConfig, ReaderListsConfig
+from fid.data.download import DownloadError, check_existing_download
 
 validate(config, schema="../config/config.schema.yaml")
 
@@ -166,6 +168,19 @@ for split, spec in (DATA.get("questions") or {}).items():
 for key, path in GIVEN.items():
     if not DEMO and path and path not in MADE and not Path(path).is_file():
         fail(key, f"the data file {path} does not exist", "fix the path or download it")
+# A finished download against its entry: a checksum pinned after the first download is checked
+# here, through the record written with the file from its bytes, and reruns nothing.
+for name, spec in DOWNLOADS.items():
+    try:
+        check_existing_download(
+            f"resources/{DATASET}/downloads/{name}",
+            f"resources/{DATASET}/downloads/checksums/{name}.json",
+            spec["url"],
+            spec["checksum"],
+            spec.get("bytes"),
+        )
+    except DownloadError as error:
+        raise WorkflowError(f"config key 'data.downloads.{name}': {error}") from None
 
 
 wildcard_constraints:
@@ -188,6 +203,16 @@ localrules:
     report_acceleration,
     report_training,
     report_runtimes,
+
+
+# Downloads, and the extraction of what they fetched, run where Snakemake runs: that machine
+# reaches the internet, the compute nodes of most clusters do not. On a cluster whose nodes do,
+# data.download_on_compute_nodes: true submits them like every other job.
+if not DATA.get("download_on_compute_nodes", False):
+
+    localrules:
+        download,
+        extract,
 
 
 # ---------------------------------------------------------------- paths

@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(config, items):
     short file third keeps the scale rehearsal off the demo's worker (it made the critical
     path ~34 min when it ran after the demo)."""
     first = {"test_end_to_end.py": 0, "test_slurm.py": 1, "test_metrics.py": 2,
-             "test_scale_rehearsal.py": 3, "test_rebuild.py": 4}  # fmt: skip
+             "test_scale_rehearsal.py": 3, "test_rebuild.py": 4, "test_gpu_check.py": 5}  # fmt: skip
     items.sort(key=lambda item: first.get(Path(item.path).name, 9))
 
 

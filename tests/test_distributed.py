@@ -63,6 +63,17 @@ def test_inconsistent_environments(env, message):
         init_from_env(env)
 
 
+def test_each_rank_takes_its_own_gpu_or_the_cpu():
+    """Two ranks on one GPU stop NCCL at the first collective ("Duplicate GPU detected"): a
+    local rank without a GPU of its own is an error naming the fix, not a modulo."""
+    from fid.runtime.distributed import rank_device
+
+    assert rank_device(0, 0) == rank_device(3, 0) == torch.device("cpu")
+    assert rank_device(1, 2) == torch.device("cuda", 1)
+    with pytest.raises(DistributedError, match="local rank 1 but this node shows 1 GPU"):
+        rank_device(1, 1)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

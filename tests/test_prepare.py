@@ -59,20 +59,112 @@ def test_drop_unlabeled_and_max_questions(raw, tmp_path):
     )
 
 
-def test_answers_that_normalise_to_nothing_are_dropped(tmp_path, caplog):
-    """SQuAD has "." as an answer and NQ-open "A+": under SQuAD normalisation an empty
-    prediction matches them exactly, so they are dropped, and a question left without an
-    answer is unlabeled (dropped with drop_unlabeled)."""
+def test_answers_that_normalise_to_nothing_are_kept_as_fid_keeps_them(tmp_path, caplog):
+    """SQuAD has "." as an answer and NQ-open "A+": FiD keeps them and scores them (only a
+    prediction that normalises to the empty string matches), so a question whose every answer
+    is such is still labeled and scored (issue 31: NQ test scored 3,608 of 3,610 questions)."""
+    import logging
+
+    from fid.metrics.answers import answer_metrics
+
     raw = tmp_path / "raw.jsonl"
     rows = [{"question": "q0?", "answer": ["Denver", "."]}, {"question": "q1?", "answer": ["A+"]},
             {"question": "q2?", "answer": ["the"]}, {"question": "q3?", "answer": ["x"]}]  # fmt: skip
     raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "q.jsonl"
-    assert prepare_questions(raw, out, PrepareQuestionsConfig()) == 4
-    assert [q["answers"] for q in _read(out)] == [["Denver"], [], [], ["x"]]
-    assert "dropped 3 gold answers that normalise to the empty string" in caplog.text
-    assert "2 questions are left without an answer" in caplog.text
-    assert prepare_questions(raw, out, PrepareQuestionsConfig(drop_unlabeled=True)) == 2
+    caplog.set_level(logging.INFO, logger="fid")
+    assert prepare_questions(raw, out, PrepareQuestionsConfig(drop_unlabeled=True)) == 4
+    answers = [q["answers"] for q in _read(out)]
+    assert answers == [["Denver", "."], ["A+"], ["the"], ["x"]]
+    assert "3 gold answers normalise to the empty string" in caplog.text
+    metrics = answer_metrics(["Denver", "A", "", "y"], answers)
+    assert metrics["n_scored"] == 4 and metrics["exact_match"] == 50.0  # "A" misses "A+"
+
+
+def test_nq_test_split_keeps_and_scores_all_3610_questions(tmp_path, caplog):
+    """NQ-open's dev file (FiD's NQ test, 3,610 questions) in the sample: every question is
+    kept with its answers, so all 3,610 are scored, as in the paper; 290 ('---') and 363 (')')
+    have only answers that normalise to the empty string."""
+    from fid.metrics.answers import answer_metrics
+
+    out = tmp_path / "test.jsonl"
+    (tmp_path / "cfg.yaml").write_text("drop_unlabeled: true\n")
+    code = main(["prepare-questions", "--config", str(tmp_path / "cfg.yaml"), "--input",
+                 str(SAMPLES / "nq-open" / "NQ-open.dev.jsonl"), "--output", str(out),
+                 "--expected-size", "3610"])  # fmt: skip
+    questions = _read(out)
+    assert code == 0 and len(questions) == 3610 and all(q["answers"] for q in questions)
+    assert questions[290]["answers"] == ["---"] and questions[363]["answers"] == [")"]
+    metrics = answer_metrics(["nothing"] * len(questions), [q["answers"] for q in questions])
+    assert metrics["n_scored"] == 3610 and metrics["n_unlabeled"] == 0
+    assert "should hold" not in caplog.text
+
+
+def test_a_split_of_another_size_is_a_warning_naming_both_numbers(raw, tmp_path, caplog):
+    out = tmp_path / "out.jsonl"
+    (tmp_path / "idx.json").write_text("[7, 2, 9]")
+    code = main(["prepare-questions", "--input", str(raw), "--index", str(tmp_path / "idx.json"),
+                 "--output", str(out), "--expected-size", "8757"])  # fmt: skip
+    assert code == 0 and len(_read(out)) == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("3 questions, but this split should hold 8757" in w for w in warnings), warnings
+
+
+def _fid_triviaqa_target(answer: dict) -> str:
+    """facebookresearch/FiD src/preprocess.py (select_examples_TQA), restated: the target is
+    `ex['Answer']['Value']`, and `if target.isupper(): target = target.title()`."""
+    target = answer["Value"]
+    if target.isupper():
+        target = target.title()
+    return target
+
+
+def test_triviaqa_targets_are_fids(tmp_path):
+    """Issue 31: FiD trains TriviaQA on Answer.Value (title-cased when all upper case), not on a
+    random alias, and evaluates on every alias."""
+    sample = json.loads((SAMPLES / "triviaqa" / "triviaqa_sample.json").read_text())
+    data = sample["Data"] + [
+        {"Question": f"Q{i}?", "QuestionId": f"x{i}", "Answer": {"Value": v, "Aliases": aliases}}
+        for i, (v, aliases) in enumerate([
+            ("ABBA", ["abba", "Abba"]), ("U2", ["U2", "u2"]), ("AC/DC", ["AC/DC", "acdc"]),
+            ("the BBC", ["BBC", "the BBC"]), ("ÉTÉ", ["été"]), ("Paris", ["Paris", "paris"]),
+        ])
+    ]  # fmt: skip
+    raw = tmp_path / "unfiltered-web-dev.json"
+    raw.write_text(json.dumps({**sample, "Data": data}))
+    out = tmp_path / "test.jsonl"
+    prepare_questions(raw, out, PrepareQuestionsConfig())
+    prepared = _read(out)
+    assert [q["target"] for q in prepared] == [_fid_triviaqa_target(d["Answer"]) for d in data]
+    assert [q["target"] for q in prepared] == [
+        "Sunset Boulevard", "Abba", "U2", "Ac/Dc", "the BBC", "Été", "Paris"
+    ]  # fmt: skip
+    assert [q["answers"] for q in prepared] == [d["Answer"]["Aliases"] for d in data]
+    prepare_questions(raw, out, PrepareQuestionsConfig(triviaqa_target="random_alias"))
+    assert all("target" not in q for q in _read(out))
+
+
+@pytest.mark.parametrize("list_format", ["fid_json", "compact"])
+def test_triviaqa_target_reaches_the_reader_through_retrieval(tmp_path, list_format):
+    """The target written by prepare-questions survives retrieval (both list formats) and is
+    what reader training takes (choose_target), every epoch."""
+    from fid.data.examples import choose_target, load_examples
+
+    passages = SAMPLES / "squad-open-tiny" / "psgs_w100.tsv"
+    questions = tmp_path / "train.jsonl"
+    (tmp_path / "bm25.yaml").write_text(f"top_k: 3\nlist_format: {list_format}\n")
+    commands = [
+        ["prepare-questions", "--input", SAMPLES / "triviaqa" / "triviaqa_sample.json",
+         "--output", questions],
+        ["build-bm25", "--passages", passages, "--output", tmp_path / "index"],
+        ["retrieve-bm25", "--config", tmp_path / "bm25.yaml", "--index", tmp_path / "index",
+         "--passages", passages, "--questions", questions, "--output", tmp_path / "lists"],
+    ]  # fmt: skip
+    for command in commands:
+        assert main([str(c) for c in command]) == 0, command
+    (example,) = load_examples(tmp_path / "lists", require_answers=True, passages=passages)
+    assert len(example.answers) == 5 and len(example.ctxs) == 3
+    assert {choose_target(example, seed=0, epoch=e) for e in range(20)} == {"Sunset Boulevard"}
 
 
 def test_bad_index_and_empty_selection(raw, tmp_path):

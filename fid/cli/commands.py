@@ -81,11 +81,22 @@ def _training_state(args: argparse.Namespace, kind: str, config_class) -> Iterat
 
 
 def download(args) -> None:
-    from fid.config import DownloadConfig
+    from fid.config import ConfigError, DownloadConfig, config_from_dict
     from fid.data.download import download
 
-    cfg = _load_config(args, DownloadConfig)
-    download(args.url, args.output, args.checksum, cfg, record_path=args.record)
+    if args.settings is not None and args.config is not None:
+        raise ConfigError("--settings and --config: expected one of them (both give the knobs)")
+    if args.settings is None:
+        cfg = _load_config(args, DownloadConfig)
+    else:
+        import yaml
+
+        try:
+            knobs = yaml.safe_load(args.settings)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"--settings: invalid YAML: {error}") from None
+        cfg = config_from_dict(knobs or {}, DownloadConfig, source="--settings")
+    download(args.url, args.output, args.checksum, cfg, args.record, args.bytes)
 
 
 def extract(args) -> None:
@@ -98,9 +109,8 @@ def prepare_questions(args) -> None:
     from fid.config import PrepareQuestionsConfig
     from fid.data.prepare import prepare_questions
 
-    prepare_questions(
-        args.input, args.output, _load_config(args, PrepareQuestionsConfig), args.index
-    )
+    cfg = _load_config(args, PrepareQuestionsConfig)
+    prepare_questions(args.input, args.output, cfg, args.index, args.expected_size)
 
 
 def make_reader_lists(args) -> None:

@@ -168,8 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--output", type=Path, required=True, help="folder to write")
 
     c = add("download", commands.download, "Download a file: resumable, checksum-verified, atomic.")
+    c.add_argument(
+        "--settings",
+        help="the knobs as a YAML mapping instead of a --config file (the workflow's way, so "
+        "that a changed knob never makes a finished download stale)",
+    )
     c.add_argument("--url", required=True, help="http(s) or file URL")
     c.add_argument("--checksum", help="sha256:<hex> or md5:<hex> (none: record only)")
+    c.add_argument("--bytes", type=int, help="the published size: another size is refused")
     c.add_argument("--output", type=Path, required=True, help="file to write")
     c.add_argument("--record", type=Path, help="json to write with the size and digests")
 
@@ -184,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--input", type=Path, required=True, help="NQ-open/TriviaQA/DPR qas/FiD file")
     c.add_argument("--index", type=Path, help="json list of the record positions to keep")
     c.add_argument("--output", type=Path, required=True, help="question jsonl to write")
+    c.add_argument(
+        "--expected-size", type=int, help="questions the split should hold (else a warning)"
+    )
 
     c = add(
         "eval-baseline", commands.eval_baseline, "Exact match of the most common training answer."

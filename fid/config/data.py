@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from fid.config.loading import ConfigError
 
 
 @dataclass(frozen=True)
 class DownloadConfig:
-    """`fid download`: how hard to try.
+    """`fid download`: how hard to try. None of these changes what is downloaded, so none of
+    them makes a finished download run again (rules/data.smk).
 
     Attributes:
         timeout_s: seconds a connection may stay silent before the attempt is abandoned.
-        retries: further attempts after a failed one (each resumes where the last stopped).
-        retry_wait_s: pause before the first retry; doubled for each further one.
+        retries: further attempts after failed ones in a row; an attempt that received bytes
+            starts the count (and the pause) afresh, so a slow, often dropped transfer of a
+            large file goes on as long as it progresses.
+        retry_wait_s: pause before the first retry; doubled for each further one ...
+        max_retry_wait_s: ... up to this ceiling.
         chunk_bytes: bytes read and written at a time.
         log_every_bytes: progress is logged every this many bytes.
     """
@@ -22,6 +27,7 @@ class DownloadConfig:
     timeout_s: float = 60.0
     retries: int = 5
     retry_wait_s: float = 2.0
+    max_retry_wait_s: float = 60.0
     chunk_bytes: int = 1 << 20
     log_every_bytes: int = 1 << 30
 
@@ -36,6 +42,11 @@ class DownloadConfig:
         if self.retry_wait_s < 0:
             raise ConfigError(
                 f"retry_wait_s = {self.retry_wait_s!r} is out of range: expected >= 0"
+            )
+        if self.max_retry_wait_s < self.retry_wait_s:
+            raise ConfigError(
+                f"max_retry_wait_s = {self.max_retry_wait_s!r} is out of range: expected >= "
+                f"retry_wait_s ({self.retry_wait_s!r})"
             )
         for name in ("chunk_bytes", "log_every_bytes"):
             if getattr(self, name) < 1:
@@ -55,6 +66,10 @@ class PrepareQuestionsConfig:
             that e.g. 0-0.8 / 0.8-0.9 / 0.9-1 with one seed cut one file into disjoint splits.
         max_questions: keep at most this many (the first ones) afterwards.
         drop_unlabeled: drop questions without answers (training needs answers).
+        triviaqa_target: the training target of a raw TriviaQA question: "value" (FiD's
+            src/preprocess.py: `Answer.Value`, title-cased when it is all upper case, kept as
+            the record's `target`) or "random_alias" (no target: training draws one of the
+            aliases). Either way every alias is an answer that evaluation accepts.
     """
 
     shuffle_seed: int | None = None
@@ -62,6 +77,7 @@ class PrepareQuestionsConfig:
     select_to: float = 1.0
     max_questions: int | None = None
     drop_unlabeled: bool = False
+    triviaqa_target: Literal["value", "random_alias"] = "value"
 
     def __post_init__(self):
         if not 0.0 <= self.select_from < self.select_to <= 1.0:

@@ -40,6 +40,11 @@ class TrainingConfig:
         tensorboard: write TensorBoard scalars beside metrics.jsonl.
         sharding: "ddp" replicates the model on every rank; "fsdp" shards parameters,
             gradients and optimizer state across ranks (readers too large for one GPU).
+        deterministic: deterministic kernels only (`torch.use_deterministic_algorithms`, and
+            cuBLAS's fixed workspace): on a GPU, an interrupted run then resumes bitwise equal
+            to an uninterrupted one (CUDA's atomic adds, e.g. in the embedding's backward,
+            otherwise sum in varying order). A little slower; CPU runs are deterministic
+            without it.
     """
 
     seed: int = 0
@@ -61,6 +66,7 @@ class TrainingConfig:
     log_every_steps: int = 50
     tensorboard: bool = True
     sharding: Literal["ddp", "fsdp"] = "ddp"
+    deterministic: bool = False
 
     def __post_init__(self):
         check_range("max_steps", self.max_steps, low=1)

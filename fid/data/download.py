@@ -1,11 +1,16 @@
-"""Downloads that survive interruptions, and extraction of one file from an archive.
+"""Downloads that survive interruptions, the record that pins what was downloaded, and
+extraction of one file from an archive.
 
-`download` fetches a URL into `OUTPUT.part` beside the output, resuming an existing
-`.part` with an HTTP range request (after a dropped connection within the same call, or when
-a killed job is run again), verifies the whole file against an expected md5 or sha256, and
-only then renames it to OUTPUT. A file that fails its checksum is deleted (resuming it could
-never succeed) and the error names both digests. A server that ignores range requests (200
-instead of 206) makes the download start again from the first byte.
+`download` fetches a URL into `OUTPUT.part` beside the output (fid/data/fetch.py: resumed
+when it is the same resource, retried while the transfer progresses, refused at once when the
+host cannot be reached or a page comes instead of the file), verifies the whole file (its size
+against the published one, an expected md5 or sha256) and only then renames it to OUTPUT, with
+a record of its size and digests beside it. A file that fails a check is deleted (resuming it
+could never succeed) and the error names both values.
+
+`check_existing_download` compares a finished download's record with the config (rules/
+common.smk calls it when the DAG is built), so that pinning a checksum after the first download
+verifies the file without running anything again.
 
 `extract` writes one member of a tar / tar.gz archive, or the content of a .gz file, to a
 path atomically (DPR's passages come as psgs_w100.tsv.gz; FiD's split indexes and TriviaQA
@@ -16,28 +21,24 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import http.client
+import json
 import logging
 import shutil
 import tarfile
-import time
-import urllib.error
-import urllib.request
 import zlib
 from pathlib import Path
 
 from fid.config import ConfigError, DownloadConfig
+from fid.data.fetch import DownloadError, discard, fetch, looks_like_html, sidecar
 from fid.errors import DataError
 from fid.runtime.fileio import atomic_path, atomic_paths, atomic_write_json
+
+__all__ = ["DownloadError", "check_existing_download", "download", "extract", "parse_checksum"]
 
 logger = logging.getLogger(__name__)
 
 ALGORITHMS = ("md5", "sha256")
 _HASH_CHUNK = 1 << 20
-
-
-class DownloadError(RuntimeError):
-    """A download failed for good (HTTP error, retries exhausted, checksum mismatch)."""
 
 
 def parse_checksum(checksum: str | None) -> tuple[str, str] | None:
@@ -70,111 +71,121 @@ def file_digests(path: str | Path) -> dict[str, str]:
     return {name: h.hexdigest() for name, h in hashes.items()}
 
 
-def _fetch(url: str, part: Path, cfg: DownloadConfig) -> None:
-    """One attempt: appends to `part` from its current size to the end of the resource."""
-    offset = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"User-Agent": "fid-download"})
-    if offset:
-        request.add_header("Range", f"bytes={offset}-")
-    try:
-        response = urllib.request.urlopen(request, timeout=cfg.timeout_s)
-    except urllib.error.HTTPError as error:
-        if error.code == 416 and offset:
-            # Range not satisfiable: the part already holds the whole resource.
-            logger.info("%s: the partial file is already complete (%d bytes)", url, offset)
-            return
-        raise
-    with response:
-        if offset and response.status != 206:
-            logger.warning("%s: the server ignored the range request; starting again", url)
-            offset = 0
-        length = response.headers.get("Content-Length")
-        expected_end = offset + int(length) if length is not None else None
-        written, next_log = offset, offset + cfg.log_every_bytes
-        with open(part, "ab" if offset else "wb") as out:
-            while chunk := response.read(cfg.chunk_bytes):
-                out.write(chunk)
-                written += len(chunk)
-                if written >= next_log:
-                    logger.info("%s: %.2f GB", url, written / 1e9)
-                    next_log += cfg.log_every_bytes
-    if expected_end is not None and written < expected_end:
-        raise http.client.IncompleteRead(b"", expected_end - written)
-
-
 def download(
     url: str,
     output: str | Path,
     checksum: str | None,
     cfg: DownloadConfig | None = None,
     record_path: str | Path | None = None,
+    size: int | None = None,
 ) -> dict[str, str | int]:
     """Downloads `url` to `output` (resumable, verified, atomic).
 
     Args:
         url: an http(s) or file URL.
         output: the final path; `output.part` holds the bytes received so far.
-        checksum: `"sha256:<hex>"`, `"md5:<hex>"` or None (then nothing is verified, and the
-            returned digests are the record to pin).
+        checksum: `"sha256:<hex>"`, `"md5:<hex>"` or None (then the digests are not checked,
+            and the returned ones are the record to pin).
         cfg: retry and timeout knobs.
         record_path: a json file to write with the returned record and the expected checksum;
             it appears together with `output` or not at all.
+        size: the published size in bytes, or None: a resource of another size is refused
+            before it is downloaded (when the server says its size) and after.
 
     Returns:
         {"url", "bytes", "md5", "sha256"} of the downloaded file.
 
     Raises:
-        DownloadError: an HTTP error, a connection that keeps failing, or a checksum mismatch
-            (the partial file is then deleted).
+        DownloadError: an unreachable host, an HTTP error, a connection that keeps failing,
+            an HTML page or a file of another size, or a checksum mismatch (the partial file
+            is then deleted).
     """
     cfg = cfg or DownloadConfig()
     expected = parse_checksum(checksum)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     part = output.with_name(output.name + ".part")
-    if part.exists():
-        logger.info("resuming %s from byte %d", url, part.stat().st_size)
-    wait = cfg.retry_wait_s
-    for attempt in range(cfg.retries + 1):
-        try:
-            _fetch(url, part, cfg)
-            break
-        except urllib.error.HTTPError as error:
-            if error.code < 500 and error.code != 429:
-                raise DownloadError(f"{url}: HTTP {error.code} {error.reason}") from None
-            problem = f"HTTP {error.code}"
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
-            problem = f"{type(error).__name__}: {error}"
-        if attempt == cfg.retries:
-            raise DownloadError(
-                f"{url}: gave up after {cfg.retries + 1} attempts ({problem}); the "
-                f"{part.stat().st_size if part.exists() else 0} bytes received so far are kept "
-                f"in {part}. Hint: run the same command again to resume."
-            )
-        logger.warning("%s: %s; retrying in %.0f s (attempt %d of %d)",
-                       url, problem, wait, attempt + 2, cfg.retries + 1)  # fmt: skip
-        time.sleep(wait)
-        wait *= 2
+    fetch(url, part, cfg, size)
+    with open(part, "rb") as handle:
+        head = handle.read(512)
+    if looks_like_html(url, "", head):
+        discard(part)
+        raise DownloadError(
+            f"{url}: an HTML page came instead of the file (it starts {head[:60]!r}); it was "
+            "deleted. Hint: open the URL in a browser from this machine (a proxy's page?)"
+        )
+    received = part.stat().st_size
+    if size is not None and received != size:
+        discard(part)
+        raise DownloadError(
+            f"{url}: received {received} bytes, but the file expected is {size} bytes (data."
+            "downloads bytes); it was deleted. Hint: check the URL and the published size"
+        )
     digests = file_digests(part)
     if expected is not None and digests[expected[0]] != expected[1]:
-        size = part.stat().st_size
-        part.unlink()
+        discard(part)
         raise DownloadError(
             f"{url}: checksum mismatch: expected {expected[0]} {expected[1]}, got "
-            f"{digests[expected[0]]} ({size} bytes). The file was deleted. Hint: the server's "
+            f"{digests[expected[0]]} ({received} bytes). The file was deleted. Hint: the server's "
             "file changed or the transfer was corrupted; run again, or check the checksum."
         )
-    size = part.stat().st_size
-    record = {"url": url, "bytes": size, **digests}
+    record = {"url": url, "bytes": received, **digests}
     outputs = [output] if record_path is None else [output, Path(record_path)]
     with atomic_paths(*outputs) as tmps:
         if record_path is not None:
             atomic_write_json(tmps[1], {**record, "expected": checksum})
         part.replace(tmps[0])  # last: a failure before it keeps the bytes in `part`
+    sidecar(part).unlink(missing_ok=True)
     verdict = f"verified {expected[0]}" if expected else "NOT verified (no checksum given)"
     logger.info("downloaded %s (%d bytes, sha256 %s, %s) to %s",
-                url, size, digests["sha256"], verdict, output)  # fmt: skip
+                url, received, digests["sha256"], verdict, output)  # fmt: skip
     return record
+
+
+def check_existing_download(
+    path: str | Path, record_path: str | Path, url: str, checksum: str | None, size: int | None
+) -> None:
+    """Checks a finished download against the config without reading it again.
+
+    The record holds the size and digests computed from the file's bytes when it was
+    written (together with the file); the file must still have that size, and the record
+    must agree with the pinned checksum and published size. Nothing to check when the file or
+    its record is missing, or the record is of another URL: the download runs again then.
+
+    Raises:
+        DownloadError: naming the file, its record and both values that disagree.
+    """
+    path, record_path = Path(path), Path(record_path)
+    if not path.is_file() or not record_path.is_file():
+        return
+    try:
+        record = json.loads(record_path.read_text())
+        recorded_url, recorded_size = record["url"], record["bytes"]
+    except (ValueError, KeyError, TypeError):
+        raise DownloadError(
+            f"{record_path}: not the record of a download (json with url, bytes, md5, sha256). "
+            f"Hint: delete it and {path} to download the file again"
+        ) from None
+    if recorded_url != url:
+        return
+    again = f"Hint: delete {path} to download it again"
+    if path.stat().st_size != recorded_size:
+        raise DownloadError(
+            f"{path} is {path.stat().st_size} bytes, but {recorded_size} when it was downloaded "
+            f"and hashed ({record_path}): it changed since. {again}"
+        )
+    if size is not None and recorded_size != size:
+        raise DownloadError(
+            f"{path} is {recorded_size} bytes ({record_path}), but the file expected is {size} "
+            f"bytes (data.downloads bytes). {again}, or correct the size"
+        )
+    expected = parse_checksum(checksum)
+    if expected is not None and record.get(expected[0]) != expected[1]:
+        raise DownloadError(
+            f"{path}: the pinned checksum is {expected[0]} {expected[1]}, but the file has "
+            f"{expected[0]} {record.get(expected[0])} ({record_path}, computed when it was "
+            f"downloaded). {again}, or pin the digest of its record if that is the file meant"
+        )
 
 
 def _find_member(archive: tarfile.TarFile, member: str, path: Path) -> tarfile.TarInfo:

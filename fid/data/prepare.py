@@ -6,7 +6,14 @@ lists (facebookresearch/FiD's `dataindex.tar.gz` holds `NQ.{train,dev,test}.idx.
 `TQA.*.idx.json`: positions into NQ-open's train/dev files and TriviaQA's unfiltered web
 train/dev files, which is how FiD and DPR cut their train/dev/test splits), or a seeded
 fraction of the records (to cut one file of your own into train/dev/test), and writes
-`{id, question, answers}` jsonl.
+`{id, question, answers}` jsonl (with `target` where the input fixes one: TriviaQA's, as FiD's
+src/preprocess.py makes it).
+
+Answers are kept as the file gives them, as FiD keeps them: an answer that normalises to the
+empty string ("A+" in NQ-open) is scored as FiD scores it (only a prediction that normalises to
+the empty string matches it), so NQ's test split holds all of FiD's 3,610 questions. A split
+whose size differs from the one expected (`--expected-size`, the split sizes of FiD and DPR in
+config/nq.yaml and tqa.yaml) is written with a warning that names both numbers.
 """
 
 from __future__ import annotations
@@ -47,24 +54,29 @@ def _load_index(path: Path, n_records: int, source: Path) -> list[int]:
     return positions
 
 
-def _drop_empty_answers(questions: list[dict], source: Path) -> None:
-    """Drops gold answers that normalise to the empty string ("." in SQuAD, "A+" in NQ-open):
-    an empty prediction would be an exact match of them. A question left with no answer is
-    unlabeled (kept without a metric, or dropped by `drop_unlabeled`)."""
+def _log_unscoreable_answers(questions: list[dict], source: Path) -> None:
+    """Says how many gold answers normalise to the empty string ("." in SQuAD, "A+" in
+    NQ-open): kept, as FiD keeps them, they match only a prediction that normalises to the
+    empty string too (SQuAD's and FiD's exact match)."""
     from fid.metrics.answers import normalize_answer
 
-    dropped, emptied = [], 0
-    for question in questions:
-        kept = [answer for answer in question["answers"] if normalize_answer(answer)]
-        if len(kept) < len(question["answers"]):
-            dropped += [answer for answer in question["answers"] if not normalize_answer(answer)]
-            emptied += not kept
-            question["answers"] = kept
-    if dropped:
+    empty = [a for q in questions for a in q["answers"] if not normalize_answer(a)]
+    only = sum(bool(q["answers"]) and not any(map(normalize_answer, q["answers"]))
+               for q in questions)  # fmt: skip
+    if empty:
+        logger.info(
+            "%s: %d gold answers normalise to the empty string (e.g. %r), kept as FiD keeps "
+            "them; %d questions have no other answer (scored: only an empty prediction matches)",
+            source, len(empty), empty[0], only,
+        )  # fmt: skip
+
+
+def _check_size(n: int, expected: int | None, output: Path) -> None:
+    if expected is not None and n != expected:
         logger.warning(
-            "%s: dropped %d gold answers that normalise to the empty string (e.g. %r; an empty "
-            "prediction would match them); %d questions are left without an answer (unlabeled)",
-            source, len(dropped), dropped[0], emptied,
+            "%s: %d questions, but this split should hold %d (data.questions expected_size: "
+            "FiD's and DPR's split sizes). Hint: check the question file and its index",
+            output, n, expected,
         )  # fmt: skip
 
 
@@ -73,14 +85,16 @@ def prepare_questions(
     output_path: str | Path,
     cfg: PrepareQuestionsConfig,
     index_path: str | Path | None = None,
+    expected_size: int | None = None,
 ) -> int:
-    """Writes one question split as `{id, question, answers}` jsonl.
+    """Writes one question split as `{id, question, answers, target?}` jsonl.
 
     Args:
         input_path: the raw question file (any format `load_questions` reads).
         output_path: the jsonl to write (atomically).
-        cfg: fraction, shuffling and filtering.
+        cfg: fraction, shuffling and filtering, TriviaQA's target.
         index_path: optional json list of the positions to keep, in their order.
+        expected_size: the questions the split should hold; another number is a warning.
 
     Returns:
         The number of questions written.
@@ -89,7 +103,7 @@ def prepare_questions(
         DataError: an unreadable input or index, or a selection that keeps no question.
     """
     input_path = Path(input_path)
-    questions = load_questions(input_path)
+    questions = load_questions(input_path, cfg.triviaqa_target)
     if index_path is not None:
         questions = [
             questions[p] for p in _load_index(Path(index_path), len(questions), input_path)
@@ -98,7 +112,7 @@ def prepare_questions(
         random.Random(cfg.shuffle_seed).shuffle(questions)
     n = len(questions)
     questions = questions[round(cfg.select_from * n) : round(cfg.select_to * n)]
-    _drop_empty_answers(questions, input_path)
+    _log_unscoreable_answers(questions, input_path)
     if cfg.drop_unlabeled:
         questions = [q for q in questions if q["answers"]]
     if cfg.max_questions is not None:
@@ -110,6 +124,7 @@ def prepare_questions(
         )
     atomic_write_jsonl(output_path, questions)
     logger.info("wrote %d of %d questions of %s to %s", len(questions), n, input_path, output_path)
+    _check_size(len(questions), expected_size, Path(output_path))
     return len(questions)
 
 

@@ -1,15 +1,19 @@
 """Question files in the formats users bring, read into one shape.
 
-`load_questions` returns `{"id": str, "question": str, "answers": list[str]}` records from:
+`load_questions` returns `{"id": str, "question": str, "answers": list[str]}` records, with
+`"target": str` where the file fixes a training target, from:
 
 - NQ-open jsonl: `{"question": ..., "answer": [...]}` per line (google-research-datasets/
   natural-questions, `nq_open/`);
 - FiD json (a list) or jsonl: `{"id"?, "question", "answers"?, "target"?, "ctxs"?}` (the format
-  of facebookresearch/FiD; DPR's retriever-training json has the same keys); ctxs are ignored;
+  of facebookresearch/FiD; DPR's retriever-training json has the same keys); ctxs are ignored,
+  a target is kept;
 - DPR qas TSV (`.tsv` or DPR's `.csv`): `question<TAB>python-list-of-answers`, csv quoting, no
   header (facebookresearch/DPR `data.retriever.qas.*`);
-- TriviaQA's raw json: `{"Data": [{"Question", "QuestionId", "Answer": {"Aliases", ...}}]}`;
-  the answers are the Aliases (the list DPR and FiD evaluate against), duplicates dropped.
+- TriviaQA's raw json: `{"Data": [{"Question", "QuestionId", "Answer": {"Aliases", "Value"}}]}`;
+  the answers are the Aliases (the list DPR and FiD evaluate against), duplicates dropped, and
+  the target is FiD's (`triviaqa_target="value"`): `Answer.Value`, title-cased when it is all
+  upper case (facebookresearch/FiD, src/preprocess.py, select_examples_TQA).
 
 The suffix picks json or TSV (other suffixes are sniffed) and the content picks the rest.
 Answers may be missing (unlabeled questions get []); retrieval needs none. A record without an
@@ -22,7 +26,7 @@ import ast
 import csv
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fid.data.json_records import JsonSyntaxError, parse_json_records, read_utf8
 from fid.errors import DataError
@@ -80,15 +84,20 @@ def _question_from_record(record: Any, where: str, default_id: str) -> dict:
     else:
         answers = []
     id_ = record.get("id")
-    return {
-        "id": default_id if id_ is None else str(id_),
-        "question": question,
-        "answers": answers,
-        _WHERE: where,
-    }
+    question = {"id": default_id if id_ is None else str(id_), "question": question,
+                "answers": answers, _WHERE: where}  # fmt: skip
+    if isinstance(record.get("target"), str):
+        question["target"] = record["target"]
+    return question
 
 
-def _load_triviaqa(path: Path, data: dict) -> list[dict]:
+def triviaqa_target(value: str) -> str:
+    """FiD's training target from a TriviaQA `Answer.Value`: title-cased when it is all upper
+    case ("ABBA" -> "Abba", str.isupper as FiD's src/preprocess.py tests it), else as it is."""
+    return value.title() if value.isupper() else value
+
+
+def _load_triviaqa(path: Path, data: dict, target: str) -> list[dict]:
     items = data["Data"]
     if not isinstance(items, list):
         raise DataError(
@@ -105,21 +114,25 @@ def _load_triviaqa(path: Path, data: dict) -> list[dict]:
         if not isinstance(answer, dict):
             raise DataError(f"{where}: 'Answer' must be an object, got {answer!r:.100}")
         aliases = _answer_list(answer.get("Aliases", []), where, "Answer.Aliases")
-        if not aliases and isinstance(answer.get("Value"), str):
-            aliases = [answer["Value"]]
+        value = answer.get("Value")
+        if value is not None and not isinstance(value, str):
+            raise DataError(f"{where}: 'Answer.Value' must be a string, got {value!r:.100}")
+        if not aliases and value is not None:
+            aliases = [value]
         question_id = item.get("QuestionId")
-        questions.append(
-            {
-                "id": f"{path.stem}-{index}" if question_id is None else str(question_id),
-                "question": item["Question"],
-                "answers": _dedupe(aliases),
-                _WHERE: where,
-            }
-        )
+        question = {
+            "id": f"{path.stem}-{index}" if question_id is None else str(question_id),
+            "question": item["Question"],
+            "answers": _dedupe(aliases),
+            _WHERE: where,
+        }
+        if target == "value" and value is not None:
+            question["target"] = triviaqa_target(value)
+        questions.append(question)
     return questions
 
 
-def _load_json(path: Path, text: str) -> list[dict]:
+def _load_json(path: Path, text: str, target: str) -> list[dict]:
     """NQ-open jsonl, FiD json/jsonl or TriviaQA json, told apart by their content."""
     try:
         parsed = parse_json_records(text)
@@ -130,7 +143,7 @@ def _load_json(path: Path, text: str) -> list[dict]:
     if parsed.lines is not None:
         records = [(f"line {number}", record) for number, record in parsed.lines]
     elif isinstance(data, dict) and "Data" in data:
-        return _load_triviaqa(path, data)
+        return _load_triviaqa(path, data, target)
     elif isinstance(data, list):
         records = [(f"record {i}", record) for i, record in enumerate(data)]
     elif isinstance(data, dict):
@@ -211,16 +224,20 @@ def _check_unique_ids(questions: list[dict], path: Path) -> None:
         first_seen[question["id"]] = where.removeprefix(f"{path}: ")
 
 
-def load_questions(path: str | Path) -> list[dict]:
+def load_questions(
+    path: str | Path, triviaqa: Literal["value", "random_alias"] = "value"
+) -> list[dict]:
     """Reads a question file in any of the supported formats (see the module docstring).
 
     Args:
         path: a `.jsonl`/`.json` (NQ-open, FiD, TriviaQA) or `.tsv`/`.csv` (DPR qas) file;
             other suffixes are sniffed (json when the text starts with '[' or '{').
+        triviaqa: the target of a raw TriviaQA question: "value" (FiD's, `triviaqa_target`)
+            or "random_alias" (none: training draws one of the answers).
 
     Returns:
-        `{"id", "question", "answers"}` dicts in file order; answers are [] when the file has
-        none.
+        `{"id", "question", "answers"}` dicts in file order, with a "target" where the file
+        fixes one; answers are [] when the file has none.
 
     Raises:
         DataError: a missing or empty file, a file in none of the formats (naming the formats
@@ -236,7 +253,7 @@ def load_questions(path: str | Path) -> list[dict]:
     if suffix in _JSON_SUFFIXES or (
         suffix not in _TSV_SUFFIXES and text.lstrip()[:1] in ("[", "{")
     ):
-        questions = _load_json(path, text)
+        questions = _load_json(path, text, triviaqa)
     else:
         questions = _load_qas_tsv(path)
     if not questions:

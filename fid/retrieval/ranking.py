@@ -63,10 +63,12 @@ def retrieval_records(
     passages: Mapping[Hashable, Passage],
     mode: str = "string",
 ) -> list[dict]:
-    """FiD records `{id, question, answers, ctxs: [{id, title, text, score, has_answer}]}`.
+    """FiD records `{id, question, answers, target?, ctxs: [{id, title, text, score,
+    has_answer}]}`.
 
     Args:
-        questions: {"id", "question", "answers"} dicts.
+        questions: {"id", "question", "answers"} dicts (with the "target" the reader trains
+            on, where the question file fixes one: kept).
         ranked: each question's passage keys, best first.
         scores: the matching retrieval scores.
         passages: the passages by key.
@@ -91,9 +93,14 @@ def retrieval_records(
         ]
         records.append(
             {"id": str(question["id"]), "question": question["question"],
-             "answers": list(gold), "ctxs": ctxs}
+             "answers": list(gold), **_target(question), "ctxs": ctxs}
         )  # fmt: skip
     return records
+
+
+def _target(question: dict) -> dict:
+    """The training target of a question (TriviaQA's `Answer.Value`), when it has one."""
+    return {"target": question["target"]} if question.get("target") is not None else {}
 
 
 def write_compact_lists(
@@ -112,7 +119,7 @@ def write_compact_lists(
 
     Args:
         output: the file to write.
-        questions: {"id", "question", "answers"} dicts.
+        questions: {"id", "question", "answers", "target"?} dicts.
         ranked: each question's passage ids, best first.
         scores: the matching retrieval scores (an approximate index's missing ones, past the
             end of a shorter list, are dropped).
@@ -135,7 +142,7 @@ def write_compact_lists(
                 question = questions[q]
                 yield {
                     "id": str(question["id"]), "question": question["question"],
-                    "answers": list(gold), "passages": row,
+                    "answers": list(gold), **_target(question), "passages": row,
                     "columns": {"score": [float(s) for s in scores[q][: len(row)]],
                                 "has_answer": row_flags},
                 }  # fmt: skip

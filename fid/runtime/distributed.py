@@ -43,12 +43,15 @@ def setup(info: DistInfo, timeout_s: int = DEFAULT_TIMEOUT_S) -> torch.device:
     """Starts the process group (when distributed) and returns this rank's device.
 
     A rank that dies makes the others' collectives fail after `timeout_s` instead of hanging.
+    On a GPU the group is bound to the rank's device (`device_id`), before any collective.
+
+    Raises:
+        DistributedError: more ranks on this node than GPUs it shows (two ranks on one GPU:
+            NCCL stops at the first collective).
     """
-    if torch.cuda.is_available():
-        device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+    device = rank_device(info.local_rank, torch.cuda.device_count())
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     if info.is_distributed and not dist.is_initialized():
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
@@ -56,12 +59,32 @@ def setup(info: DistInfo, timeout_s: int = DEFAULT_TIMEOUT_S) -> torch.device:
             rank=info.rank,
             world_size=info.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
         )
         logger.info(
             "rank %d of %d (%s) on %s, master %s:%d",
             info.rank, info.world_size, info.launcher, device, info.master_addr, info.master_port,
         )  # fmt: skip
     return device
+
+
+def rank_device(local_rank: int, cuda_devices: int) -> torch.device:
+    """The device of the rank with this local rank: its own GPU (the node's ranks keep every
+    GPU visible and each takes the one of its local rank), else the CPU.
+
+    Raises:
+        DistributedError: a local rank without a GPU of its own.
+    """
+    if cuda_devices == 0:
+        return torch.device("cpu")
+    if local_rank >= cuda_devices:
+        raise DistributedError(
+            f"local rank {local_rank} but this node shows {cuda_devices} GPU(s): each rank "
+            "needs a GPU of its own (two ranks on one GPU stop NCCL at the first collective). "
+            "Hint: start at most one rank per GPU (resources processes / tasks_per_node), or "
+            "hide the GPUs (CUDA_VISIBLE_DEVICES=) to run the ranks on the CPU"
+        )
+    return torch.device("cuda", local_rank)
 
 
 def cleanup() -> None:
@@ -82,7 +105,9 @@ def is_main() -> bool:
 
 def barrier() -> None:
     if dist.is_initialized():
-        dist.barrier()
+        # NCCL's barrier on the rank's own GPU (else it guesses one, and may hang)
+        cuda = dist.get_backend() == "nccl"
+        dist.barrier(device_ids=[torch.cuda.current_device()] if cuda else None)
 
 
 _split_work = True

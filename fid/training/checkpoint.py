@@ -80,10 +80,12 @@ class TrainingProgress:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every RNG the loop draws from (dropout, sampling), as plain types and tensors."""
+    """Every RNG this rank draws from (dropout, sampling), as plain types and tensors: on a GPU
+    its own device's generator only (a rank draws on its device alone, and a resume on a
+    machine with another GPU count must find a state for it, never one per device)."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's (set by setup)
     return state
 
 
@@ -91,8 +93,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        # one device's state (or a list of every device's, as older checkpoints saved it)
+        torch.cuda.set_rng_state(cuda[torch.cuda.current_device() % len(cuda)]
+                                 if isinstance(cuda, list) else cuda)  # fmt: skip
 
 
 def step_checkpoints(state_dir: str | Path) -> list[tuple[int, Path]]:

@@ -145,6 +145,8 @@ def run_training(
     rank, world_size = distributed.world()
     model = task.model
     amp = autocast(device, precision)  # validates precision before any work
+    if cfg.deterministic:
+        deterministic_kernels()
     sharded = cfg.sharding == "fsdp" and world_size > 1
     if cfg.sharding == "fsdp" and not hasattr(task, "fsdp_units"):
         raise ConfigError("sharding = 'fsdp' is supported for the reader only: use 'ddp'")
@@ -332,6 +334,14 @@ def run_training(
         if metrics is not None:
             metrics.close()
     return progress
+
+
+def deterministic_kernels() -> None:
+    """Deterministic kernels from here on: cuBLAS with a fixed workspace (read when its first
+    handle is made, so before the first product on the GPU), and every op that has a
+    deterministic version uses it (an op without one raises instead of varying)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def _check_resume(checkpoint: Path, cfg: TrainingConfig, record: dict, rank: int) -> None:

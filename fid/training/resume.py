@@ -49,6 +49,7 @@ WARNED = frozenset({
     # the same computation, faster or in less memory (equal up to rounding)
     "activation_checkpointing", "attention", "encoder_buckets", "pack_passages",
     "pad_to_max_length", "batch_size", "eval_batch_size",
+    "deterministic",  # the same sums in a fixed order
 })  # fmt: skip
 
 _ABSENT = object()  # a key the checkpoint's config (an older version) does not have
