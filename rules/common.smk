@@ -169,7 +169,10 @@ for key, path in GIVEN.items():
     if not DEMO and path and path not in MADE and not Path(path).is_file():
         fail(key, f"the data file {path} does not exist", "fix the path or download it")
 # A finished download against its entry: a checksum pinned after the first download is checked
-# here, through the record written with the file from its bytes, and reruns nothing.
+# here, through the record written with the file from its bytes, and reruns nothing. (Not a
+# verification job between the download and its consumers: rerun on a new pin, it would make
+# Snakemake 9.27 skip the needrun check of every job downstream of it in that invocation, even
+# behind ancient() inputs, so missing or changed outputs there would go unbuilt.)
 for name, spec in DOWNLOADS.items():
     try:
         check_existing_download(

@@ -67,8 +67,15 @@ def test_triviaqa_raw_json():
                 "Sunset Bulevard",
                 "Sunset Blvd.",
             ],
+            "target": "Sunset Boulevard",  # FiD's: Answer.Value (issue 31)
         }
     ]
+    assert (
+        "target"
+        not in load_questions(
+            SAMPLES / "triviaqa" / "triviaqa_sample.json", triviaqa="random_alias"
+        )[0]
+    )
 
 
 def test_triviaqa_aliases_are_deduplicated_and_unlabeled_allowed(tmp_path):
@@ -90,7 +97,7 @@ def test_fid_json_and_jsonl(tmp_path):
     ]
     expected = [
         {"id": "17", "question": "Q1?", "answers": ["A"]},
-        {"id": "q2", "question": "Q2?", "answers": ["B"]},
+        {"id": "q2", "question": "Q2?", "answers": ["B"], "target": "B"},  # the target is kept
         {"id": "q3", "question": "Q3?", "answers": []},
     ]
     assert load_questions(write(tmp_path, "dev.json", json.dumps(records, indent=1))) == expected

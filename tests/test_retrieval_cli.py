@@ -11,6 +11,7 @@ from conftest import SAMPLES, write_json
 
 from fid.cli import main
 from fid.retrieval.index import PassageIndex
+from fid.retrieval.index_build import build_passage_index
 
 SQUAD = SAMPLES / "squad-open-tiny"
 
@@ -137,7 +138,7 @@ def test_bad_inputs(tmp_path, minilm, bm25_run, caplog, monkeypatch):
     from fid.config import IndexConfig
 
     rng = np.random.default_rng(0)
-    small = PassageIndex.build(rng.standard_normal((10, 8)).astype(np.float32),
+    small = build_passage_index(rng.standard_normal((10, 8)).astype(np.float32),
                                [str(i) for i in range(10)], IndexConfig(), model="tiny")  # fmt: skip
     small.save(tmp_path / "small_index")
     assert _run("retrieve", "--model", minilm, "--index", tmp_path / "small_index", "--passages",
@@ -147,7 +148,7 @@ def test_bad_inputs(tmp_path, minilm, bm25_run, caplog, monkeypatch):
 
     # Re-ranking knobs: a shortlist below top_k, or for an index without vectors, stops the
     # job before any question is encoded.
-    plain = PassageIndex.build(rng.standard_normal((10, 384)).astype(np.float32),
+    plain = build_passage_index(rng.standard_normal((10, 384)).astype(np.float32),
                                [str(i) for i in range(10)], IndexConfig(), model="tiny")  # fmt: skip
     plain.save(tmp_path / "plain_index")
     for config, message in [

@@ -47,7 +47,7 @@ def _sources(folder):
             tar.addfile(info, io.BytesIO(data))
 
 
-def _config(workdir, src, run="r1", download=None, urls=None, pin=None):
+def _config(workdir, src, run="r1", download=None, urls=None, pin=None, sizes=(20, 5, 6)):
     """A files config whose data all come from file:// downloads (tiny models otherwise)."""
     config = yaml.safe_load(TINY.read_text())
     urls = {name: f"file://{src / name}" for name in ("psgs.tsv.gz", "questions.jsonl")} | (
@@ -70,6 +70,8 @@ def _config(workdir, src, run="r1", download=None, urls=None, pin=None):
                 "index": f"resources/ds/extracted/Q.{split}.idx.json"}
         for split in SPLITS
     }  # fmt: skip
+    for split, size in zip(SPLITS, sizes or (), strict=False):
+        questions[split]["expected_size"] = size
     config.update(run=run, dataset="ds", download=download or {"timeout_s": 30, "retries": 2})
     config["data"] = {
         "source": "files",
@@ -98,12 +100,17 @@ def data_run(tmp_path_factory):
     result = snakemake(workdir, "--cores", "2", *TARGETS, "resources/ds/extracted/psgs.tsv",
                        "--configfile", str(config), timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (workdir / "console.txt").write_text(result.stdout + result.stderr)
     return workdir
 
 
 def test_the_data_stage_runs(data_run):
     test = [json.loads(line) for line in (data_run / TARGETS[2]).read_text().splitlines()]
     assert len(test) == 5 and all(q["answers"] for q in test)
+    # the test split's expected size (6) is not what its index selects: a warning, on the console
+    console = (data_run / "console.txt").read_text()
+    assert "5 questions, but this split should hold 6" in console
+    assert "should hold 20" not in console and "should hold 5" not in console
     record = json.loads(
         (data_run / "resources/ds/downloads/checksums/index.tar.gz.json").read_text()
     )
@@ -134,7 +141,9 @@ def test_a_second_run_and_other_knobs_download_nothing(data_run):
     second = _config(data_run, data_run / "src", run="r2", download={"timeout_s": 7, "retries": 9})
     targets = [t.replace("/r1/", "/r2/") for t in TARGETS]
     assert set(_planned(data_run, second, *targets)) == {"prepare_questions", "stage_config"}
-    same_run = _config(data_run, data_run / "src", download={"timeout_s": 999, "retries": 0})
+    same_run = _config(data_run, data_run / "src", download={"timeout_s": 999, "retries": 0},
+                       sizes=(20, 5, 5))  # fmt: skip
+    # nor does correcting an expected split size rerun the split
     assert _planned(data_run, same_run, *TARGETS, "resources/ds/extracted/psgs.tsv") == []
 
 
