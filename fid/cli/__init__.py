@@ -12,10 +12,12 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from fid.cli.exit_status import (
     EXIT_ERROR,
     EXIT_PREEMPTED,
+    OUTPUT_FLAGS,
     input_error_message,
     is_input_error,
 )
@@ -60,6 +62,7 @@ def command() -> None:
 
 def _run(args: argparse.Namespace) -> int:
     """Runs one parsed command: its exit status (EXIT_ERROR on bad input, EXIT_PREEMPTED)."""
+    from fid.runtime.fileio import check_writable
     from fid.runtime.launcher import DistributedError, init_from_env
     from fid.runtime.logs import setup_logging
 
@@ -76,7 +79,12 @@ def _run(args: argparse.Namespace) -> int:
     # --log-file is a workflow job's: the console shows that job's progress, results and
     # warnings, and the file everything.
     job = f"{args.command} ({args.log_file})" if args.log_file is not None else None
-    setup_logging(rank=info.rank, file=log_file, job=job)
+    try:
+        setup_logging(rank=info.rank, file=log_file, job=job)
+    except OSError as error:  # a log in a folder that cannot be written: said, on the console
+        setup_logging(rank=info.rank, job=job)
+        logger.error("%s", input_error_message(error, args))
+        return EXIT_ERROR
     # A command that runs no model needs neither torch nor a device (parser.MODEL_FREE).
     distributed = None
     args.device = None
@@ -86,6 +94,9 @@ def _run(args: argparse.Namespace) -> int:
 
             _set_threads(args.threads)
             args.device = distributed.setup(info)
+        # Where the command writes, checked before any work (a read-only or full disk is
+        # said at once, not at the end of a training run).
+        check_writable(_written_folders(args))
         args.func(args)
     except Preempted as stop:
         logger.warning("%s: rerun the same command to resume", stop)
@@ -108,6 +119,15 @@ def _run(args: argparse.Namespace) -> int:
         if distributed is not None:
             distributed.cleanup()
     return 0
+
+
+def _written_folders(args: argparse.Namespace) -> list[Path]:
+    """The folders a command writes in: its state folders, and the folder beside each output
+    (files and folders are written there under a temporary name, then renamed)."""
+    folders = [getattr(args, flag, None) for flag in ("state_dir", "state_root")]
+    files = [getattr(args, flag, None) for flag in (*OUTPUT_FLAGS, "log_file")]
+    folders += [Path(path).parent for path in files if path is not None]
+    return [Path(folder) for folder in folders if folder is not None]
 
 
 def _requeue_if_asked() -> None:

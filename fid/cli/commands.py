@@ -20,15 +20,9 @@ logger = logging.getLogger("fid")
 
 def _load_config(args: argparse.Namespace, config_class):
     """The command's knobs: `--config` loaded into `config_class` (None: the defaults)."""
-    from fid.config import ConfigError, load_config
+    from fid.config import load_config
 
-    try:
-        return load_config(args.config, config_class)
-    except UnicodeDecodeError as error:
-        raise ConfigError(
-            f"{args.config}: not UTF-8 text ({error.reason} at byte {error.start}): expected a "
-            "YAML file of knobs"
-        ) from None
+    return load_config(args.config, config_class)
 
 
 def _device_config(args: argparse.Namespace, config_class, inference: bool = False):

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from fid.errors import ConfigError  # noqa: F401  (fid.config's error, defined with the others)
+from fid.text_files import read_text
 
 
 def check_finite(name: str, value: Any):
@@ -121,15 +122,17 @@ def load_config(path: str | Path | None, cls: type[T]) -> T:
     """Loads a YAML file into `cls`; None (no file) gives the defaults.
 
     Raises:
-        ConfigError: for a missing or unreadable file, invalid YAML, or a bad key or value.
+        ConfigError: for a missing file, one that is not UTF-8 (naming line and byte offset),
+            invalid YAML, or a bad key or value.
     """
     if path is None:
         return cls()
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    text = read_text(path, "a YAML file of knobs", kind=ConfigError)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: invalid YAML: {error}") from None
     return config_from_dict(data, cls, source=str(path))

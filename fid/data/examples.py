@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
-from fid.data.json_records import JsonSyntaxError, parse_json_records, read_utf8
+from fid.data.json_records import JsonSyntaxError, parse_json_records
 from fid.data.passage_store import PassageStore, open_passages
 from fid.data.retrieval_lists import RetrievalLists, is_compact_lists, read_lists
 from fid.errors import DataError
+from fid.text_files import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def _read_records(path: Path) -> list[tuple[str, Any]]:
     """Reads a json list or a jsonl file into (location, record) pairs."""
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    text = read_utf8(path, "a FiD-format question file (json or jsonl)")
+    text = read_text(path, "FiD-format questions (json or jsonl)")
     try:
         parsed = parse_json_records(text)
     except JsonSyntaxError as error:

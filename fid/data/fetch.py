@@ -184,6 +184,10 @@ def _fetch(url: str, part: Path, cfg: DownloadConfig, size: int | None, attempt:
         raise http.client.IncompleteRead(b"", total - written)
 
 
+# A write of the part file that failed: a full disk or quota, a read-only or forbidden folder.
+_LOCAL_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
 def _unreachable(url: str, error: urllib.error.URLError) -> DownloadError | None:
     """The error for a host this machine cannot reach (no retry helps), or None."""
     reason = error.reason
@@ -243,6 +247,8 @@ def fetch(url: str, part: Path, cfg: DownloadConfig, size: int | None = None) ->
                 raise fatal from None
             problem = f"{type(error.reason).__name__}: {error.reason}"
         except (http.client.HTTPException, OSError) as error:
+            if isinstance(error, OSError) and error.errno in _LOCAL_WRITE_ERRORS:
+                raise  # this machine's disk, not the network: no retry helps (fid.cli says)
             problem = f"{type(error).__name__}: {error}"
         if attempt.received:  # progress: a slow, often dropped transfer goes on
             failures, wait = 0, cfg.retry_wait_s

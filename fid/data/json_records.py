@@ -3,16 +3,14 @@
 A file is one JSON document (a list of records, or an object) or jsonl (one JSON value per
 non-blank line). The content decides, not the suffix: when the whole text is not one JSON
 document but its first line is, it is jsonl, and a later bad line is reported by its number.
+The callers read the text with `fid.text_files.read_text` (UTF-8, a byte-order mark dropped).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-from fid.errors import DataError
 
 
 @dataclass
@@ -71,7 +69,10 @@ def parse_json_records(text: str) -> JsonRecords:
         if not _first_line_is_json(text):
             raise JsonSyntaxError(error.lineno, error.colno, error.msg, jsonl=False) from None
     lines = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines would also
+    # cut at U+2028, U+0085, form feeds, ..., which json.dumps(ensure_ascii=False) leaves raw
+    # inside strings, and would number lines unlike the decoding errors (fid.text_files).
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -79,13 +80,3 @@ def parse_json_records(text: str) -> JsonRecords:
         except json.JSONDecodeError as error:
             raise JsonSyntaxError(number, error.colno, error.msg, jsonl=True) from None
     return JsonRecords(lines=lines)
-
-
-def read_utf8(path: Path, expected: str) -> str:
-    """The text of a file, or a DataError naming it (and the byte) when it is not UTF-8."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise DataError(
-            f"{path}: not UTF-8 text ({error.reason} at byte {error.start}): expected {expected}"
-        ) from None

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from fid.data.passages import (
+    PASSAGE_FILE,
     Passage,
     count_passages,
     fetch_passages,
@@ -41,6 +42,7 @@ from fid.data.passages import (
 from fid.errors import DataError
 from fid.runtime.fileio import atomic_directory, atomic_write_json
 from fid.runtime.progress import progress
+from fid.text_files import decode_line, read_text
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,8 @@ def build_passage_store(passages_path: str | Path, output: str | Path) -> dict:
         The store's record (store.json).
 
     Raises:
-        DataError: a missing file, a bad header, an empty id, or an id that occurs twice.
+        DataError: a missing file, a bad header, a line that is not UTF-8, an empty id, or an
+            id that occurs twice.
     """
     passages_path, output = Path(passages_path), Path(output)
     header = read_header(passages_path)
@@ -116,6 +119,8 @@ def build_passage_store(passages_path: str | Path, output: str | Path) -> dict:
         position = len(first)
         for line_number, line in enumerate(handle, start=2):
             digest.update(line)
+            # Checked now, so that reading a passage later can only fail on a changed file.
+            decode_line(line, passages_path, PASSAGE_FILE, line_number, position)
             if line.strip(b"\r\n"):
                 key = _row_id(line, id_column)
                 if not key.strip():
@@ -286,12 +291,13 @@ def open_store(path: str | Path) -> PassageStore:
     """
     path = Path(path)
     meta_path = path / _META
-    try:
-        record = json.loads(meta_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not meta_path.is_file():
         raise DataError(f"{path}: not a passage store (no {_META}); expected a folder written "
-                        "by fid build-passage-store") from None  # fmt: skip
-    except (ValueError, UnicodeDecodeError) as error:
+                        "by fid build-passage-store")  # fmt: skip
+    text = read_text(meta_path, "a passage store record (json)")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
         raise DataError(f"{meta_path}: not valid JSON ({error})") from None
     if not isinstance(record, dict) or record.get("format") != STORE_FORMAT:
         raise DataError(f"{meta_path}: not a passage store record (format {STORE_FORMAT!r})")

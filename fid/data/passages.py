@@ -2,7 +2,8 @@
 
 Format: a header line naming the columns `id`, `text` and `title` (DPR's order is
 `id<TAB>text<TAB>title`; any order and extra columns are accepted), then one passage per line,
-tab-separated with csv quoting (texts are double-quoted, `""` inside is a quote). Ids are kept as
+tab-separated with csv quoting (texts are double-quoted, `""` inside is a quote), in UTF-8
+(fid.text_files: a byte-order mark is dropped, `\r\n` endings are read as `\n`). Ids are kept as
 strings: DPR's are integers, other corpora use any token.
 
 Nothing here holds a whole large file in memory: `iter_passages` streams rows, optionally those
@@ -25,10 +26,12 @@ from pathlib import Path
 from typing import NoReturn
 
 from fid.errors import DataError, InputError
+from fid.text_files import decode_line, not_utf8, text_lines
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("id", "text", "title")
+PASSAGE_FILE = "a DPR-style passage TSV (id<TAB>text<TAB>title)"  # for messages
 # Passages of fewer words (DPR-style chunk tails) are kept, counted and reported in the log.
 SHORT_PASSAGE_WORDS = 5
 _READ_CHUNK_BYTES = 1 << 24
@@ -66,10 +69,7 @@ def read_header(path: Path) -> _Header:
     _check_file(path)
     with open(path, "rb") as handle:
         raw = handle.readline()
-    try:
-        line = raw.decode("utf-8-sig")  # tolerate a byte-order mark
-    except UnicodeDecodeError as error:
-        raise DataError(f"{path}: line 1: not UTF-8 ({error.reason})") from None
+    line = decode_line(raw, path, PASSAGE_FILE, line=1, offset=0)  # (a byte-order mark dropped)
     columns = next(csv.reader([line], delimiter="\t"), [])
     found = line.rstrip("\r\n")
     missing = [name for name in REQUIRED_COLUMNS if name not in columns]
@@ -137,13 +137,12 @@ def _iter_rows(path: Path, start: int, end: int | None) -> Iterator[tuple[int, P
             for raw in handle:
                 if end is not None and position >= end:
                     return
-                position += len(raw)
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as error:
-                    raise DataError(
-                        f"{path}: line {line_number(consumed)}: not UTF-8 ({error.reason})"
-                    ) from None
+                    line = line_number(consumed)
+                    raise not_utf8(path, PASSAGE_FILE, error, line, position) from None
+                position += len(raw)
                 consumed += 1
                 yield text
 
@@ -317,7 +316,8 @@ def fetch_passages(path: str | Path, ids: set[str]) -> dict[str, Passage]:
     file costs a line split per row rather than a csv parse.
 
     Raises:
-        DataError: an id that the file does not hold (the index was built from another file).
+        DataError: an id that the file does not hold (the index was built from another file),
+            or a line before the last one wanted that is not UTF-8.
     """
     path = Path(path)
     wanted = set(ids)
@@ -325,17 +325,17 @@ def fetch_passages(path: str | Path, ids: set[str]) -> dict[str, Passage]:
     header = read_header(path)
     if wanted and header.index("id") == 0:
         id_col, text_col, title_col = (header.index(name) for name in REQUIRED_COLUMNS)
-        with open(path, encoding="utf-8", newline="") as handle:
-            handle.seek(header.end)
-            for line in handle:
-                key = line.split("\t", 1)[0]
-                if key.startswith('"'):  # a quoted id: let csv unquote it
-                    key = next(csv.reader([key], delimiter="\t"))[0]
-                if key in wanted:
-                    row = next(csv.reader([line], delimiter="\t"))
-                    found[key] = Passage(id=key, title=row[title_col], text=row[text_col])
-                    if len(found) == len(wanted):
-                        break
+        lines = text_lines(path, PASSAGE_FILE)
+        next(lines)  # the header
+        for _, line in lines:
+            key = line.split("\t", 1)[0]
+            if key.startswith('"'):  # a quoted id: let csv unquote it
+                key = next(csv.reader([key], delimiter="\t"))[0]
+            if key in wanted:
+                row = next(csv.reader([line], delimiter="\t"))
+                found[key] = Passage(id=key, title=row[title_col], text=row[text_col])
+                if len(found) == len(wanted):
+                    break
     elif wanted:
         for passage in iter_passages(path):
             if passage.id in wanted:

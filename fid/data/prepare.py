@@ -25,10 +25,10 @@ from pathlib import Path
 
 from fid.config import PrepareQuestionsConfig, ReaderListsConfig
 from fid.data.examples import load_examples
-from fid.data.json_records import read_utf8
 from fid.data.questions import load_questions
 from fid.errors import DataError
 from fid.runtime.fileio import atomic_write_jsonl
+from fid.text_files import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def _load_index(path: Path, n_records: int, source: Path) -> list[int]:
     if not path.is_file():
         raise DataError(f"{path}: index file not found")
     try:
-        positions = json.loads(read_utf8(path, "a JSON list of record positions"))
+        positions = json.loads(read_text(path, "a JSON list of record positions"))
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: invalid JSON at line {error.lineno}: {error.msg}") from None
     if not isinstance(positions, list) or not all(
@@ -158,8 +158,8 @@ def make_reader_lists(
         if not all(isinstance(ctx.get("id"), str) for ctx in record["ctxs"]):
             raise DataError(f"{retrieved_path}: question {record['id']!r}: every ctx needs an 'id'")
     gold = {}
-    text = read_utf8(Path(questions_path), "jsonl questions with gold_passage_id")
-    for line_number, line in enumerate(text.splitlines(), 1):
+    text = read_text(questions_path, "jsonl questions with gold_passage_id")
+    for line_number, line in enumerate(text.split("\n"), 1):  # (as fid.data.json_records)
         if line.strip():
             try:
                 question = json.loads(line)

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import ast
 import csv
+import io
 import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from fid.data.json_records import JsonSyntaxError, parse_json_records, read_utf8
+from fid.data.json_records import JsonSyntaxError, parse_json_records
 from fid.errors import DataError
+from fid.text_files import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -176,38 +178,33 @@ def _parse_answers(cell: str, where: str) -> list[str]:
     return _answer_list(value, where, "answers (column 2)")
 
 
-def _load_qas_tsv(path: Path) -> list[dict]:
+def _load_qas_tsv(path: Path, text: str) -> list[dict]:
     questions = []
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle, delimiter="\t")
-        line_number = 1  # the line the next row starts on
-        for row in reader:
-            location = f"line {line_number}"
-            where = f"{path}: {location}"
-            line_number = reader.line_num + 1
-            if not row:
-                continue
-            if len(row) > 2:
-                found = f"{len(row)} tab-separated columns: {'<TAB>'.join(row)!r:.120}"
-                raise _unknown_format(path, location, found)
-            if not row[0].strip():
-                raise DataError(f"{where}: empty question")
-            try:
-                answers = _parse_answers(row[1], where) if len(row) == 2 else []
-            except DataError:
-                if questions:
-                    raise
-                # The first row decides whether this is a qas file at all.
-                raise _unknown_format(path, location, f"{'<TAB>'.join(row)!r:.120}") from None
-            index = len(questions)
-            questions.append(
-                {
-                    "id": f"{path.stem}-{index}",
-                    "question": row[0],
-                    "answers": answers,
-                    _WHERE: where,
-                }
-            )
+    # newline="": the csv module sees each line's own ending, as from a file opened so
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
+    line_number = 1  # the line the next row starts on
+    for row in reader:
+        location = f"line {line_number}"
+        where = f"{path}: {location}"
+        line_number = reader.line_num + 1
+        if not row:
+            continue
+        if len(row) > 2:
+            found = f"{len(row)} tab-separated columns: {'<TAB>'.join(row)!r:.120}"
+            raise _unknown_format(path, location, found)
+        if not row[0].strip():
+            raise DataError(f"{where}: empty question")
+        try:
+            answers = _parse_answers(row[1], where) if len(row) == 2 else []
+        except DataError:
+            if questions:
+                raise
+            # The first row decides whether this is a qas file at all.
+            raise _unknown_format(path, location, f"{'<TAB>'.join(row)!r:.120}") from None
+        index = len(questions)
+        questions.append(
+            {"id": f"{path.stem}-{index}", "question": row[0], "answers": answers, _WHERE: where}
+        )
     return questions
 
 
@@ -247,7 +244,7 @@ def load_questions(
     if not path.is_file():
         raise DataError(f"{path}: question file not found")
     suffix = path.suffix.lower()
-    text = read_utf8(path, "a question file")
+    text = read_text(path, "a question file")
     if not text.strip():
         raise _unknown_format(path, "line 1", "an empty file")
     if suffix in _JSON_SUFFIXES or (
@@ -255,7 +252,7 @@ def load_questions(
     ):
         questions = _load_json(path, text, triviaqa)
     else:
-        questions = _load_qas_tsv(path)
+        questions = _load_qas_tsv(path, text)
     if not questions:
         raise _unknown_format(path, "line 1", "no question records")
     _check_unique_ids(questions, path)

@@ -36,6 +36,7 @@ import numpy as np
 
 from fid.errors import DataError
 from fid.runtime.fileio import atomic_path
+from fid.text_files import text_lines
 
 LISTS_FORMAT = "fid-retrieval-lists"
 LISTS_VERSION = 1
@@ -241,8 +242,8 @@ def read_lists(path: str | Path) -> RetrievalLists:
     thousand questions, so the Python objects of the whole file never exist at once.
 
     Raises:
-        DataError: naming the file and line: no header, invalid JSON, a question without
-            passages, a column of the wrong length; or a column that mixes flags and numbers.
+        DataError: naming the file and line: bytes that are not UTF-8 (and their offset), no
+            header, invalid JSON, a question without passages, a column of the wrong length.
     """
     path = Path(path)
     if not path.is_file():
@@ -269,39 +270,34 @@ def read_lists(path: str | Path) -> RetrievalLists:
         pending_ids.clear()
         pending.clear()
 
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}: line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(
-                    f"{where}: invalid JSON at column {error.colno}: {error.msg}"
-                ) from None
-            except UnicodeDecodeError as error:
-                raise DataError(f"{where}: not UTF-8 ({error.reason})") from None
-            if header is None:
-                if not isinstance(record, dict) or record.get("format") != LISTS_FORMAT:
-                    raise DataError(f'{where}: expected the header {{"format": {LISTS_FORMAT!r}}}')
-                if record.get("version") != LISTS_VERSION:
-                    raise DataError(f"{where}: version {record.get('version')!r} is not "
-                                    f"{LISTS_VERSION}, the one this fid reads")  # fmt: skip
-                header = record
-                continue
-            _check_line(record, where)
-            ids = [str(i) for i in record.pop("passages")]
-            before = len(pending_ids)
-            for name, values in record.pop("columns", {}).items():
-                column = pending.setdefault(name, [])
-                column += [None] * (before - len(column)) + values
-                present.setdefault(name, []).append(len(fields))
-            pending_ids.extend(ids)
-            offsets.append(offsets[-1] + len(ids))
-            fields.append(record)
-            if len(fields) % _CHUNK == 0:
-                flush()
+    for number, line in text_lines(path, "compact retrieval lists (jsonl)"):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{where}: invalid JSON at column {error.colno}: {error.msg}") from None
+        if header is None:
+            if not isinstance(record, dict) or record.get("format") != LISTS_FORMAT:
+                raise DataError(f'{where}: expected the header {{"format": {LISTS_FORMAT!r}}}')
+            if record.get("version") != LISTS_VERSION:
+                raise DataError(f"{where}: version {record.get('version')!r} is not "
+                                f"{LISTS_VERSION}, the one this fid reads")  # fmt: skip
+            header = record
+            continue
+        _check_line(record, where)
+        ids = [str(i) for i in record.pop("passages")]
+        before = len(pending_ids)
+        for name, values in record.pop("columns", {}).items():
+            column = pending.setdefault(name, [])
+            column += [None] * (before - len(column)) + values
+            present.setdefault(name, []).append(len(fields))
+        pending_ids.extend(ids)
+        offsets.append(offsets[-1] + len(ids))
+        fields.append(record)
+        if len(fields) % _CHUNK == 0:
+            flush()
     if header is None:
         raise DataError(f"{path}: empty file; expected compact retrieval lists")
     flush()

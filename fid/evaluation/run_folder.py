@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from fid.errors import DataError, InputError
+from fid.text_files import read_text
 
 # Where a run keeps its passages, most useful first (a store reads by id without a scan).
 RUN_PASSAGES = ("passages/store", "data/demo/world/passages.tsv", "data/scale/psgs_w100.tsv")
@@ -110,9 +111,10 @@ def _run_passages(run: Path) -> Path:
             return run / relative
     config, named = run / "report" / "config.yaml", None
     if config.is_file():
+        text = read_text(config, "the run's YAML config")
         try:
-            data = yaml.safe_load(config.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
             raise DataError(f"{config}: not a readable YAML config: {error}") from None
         section = data.get("data") if isinstance(data, dict) else None
         named = section.get("passages") if isinstance(section, dict) else None

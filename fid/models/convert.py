@@ -42,6 +42,7 @@ from fid.models.reader import CROSS_ATTENTION_BIAS, add_cross_attention_bias
 from fid.models.retriever import DualEncoder, DualEncoderSpec, load_released_retriever
 from fid.models.settings import ReaderSettings
 from fid.runtime.fileio import atomic_directory
+from fid.text_files import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -132,10 +133,7 @@ def convert_reader_checkpoint(
         raise CheckpointError(f"{weights}: no {CROSS_ATTENTION_BIAS} to keep")
     if bias is not None:
         dropped.remove(CROSS_ATTENTION_BIAS)
-    try:
-        config = T5Config.from_json_file(config_file)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{config_file}: not a JSON model config ({error})") from None
+    config = T5Config.from_dict(_read_config(config_file))
     model = T5ForConditionalGeneration(config)
     missing, unexpected = model.load_state_dict(converted, strict=False)
     missing = sorted(set(missing) - TIED_KEYS)
@@ -175,6 +173,18 @@ _RETRIEVER_KEYS = (
     "indexing_dimension", "apply_question_mask", "apply_passage_mask", "extract_cls",
     "passage_maxlength", "question_maxlength", "projection",
 )  # fmt: skip
+
+
+def _read_config(config_file: Path) -> dict:
+    """A released checkpoint's config.json (a CheckpointError when it is not a JSON object)."""
+    text = read_text(config_file, "a JSON model config", kind=CheckpointError)
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{config_file}: not a JSON model config ({error})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_file}: expected a JSON object (a model config)")
+    return config
 
 
 def _checkpoint_files(checkpoint: Path, what: str) -> tuple[Path, Path]:
@@ -232,10 +242,7 @@ def convert_retriever_checkpoint(
     """Writes a released FiD retriever as a DualEncoder folder (the BERT tokenizer beside it:
     the released retrievers use bert-base-uncased's)."""
     weights, config_file = _checkpoint_files(Path(checkpoint), "retriever")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{config_file}: not a JSON model config ({error})") from None
+    config = _read_config(config_file)
     model = released_retriever(_load_state_dict(weights), config, str(checkpoint))
     loaded = AutoTokenizer.from_pretrained(tokenizer) if tokenizer is not None else None
     with atomic_directory(output) as tmp:

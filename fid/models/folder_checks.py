@@ -20,6 +20,7 @@ from typing import Any
 
 from fid.errors import InputError
 from fid.models.retriever_spec import CONFIG_FILE, HEAD_FILE, DualEncoderSpec
+from fid.text_files import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +47,14 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/")
 
 
-def _read_json(path: Path, what: str) -> Any:
+def _read_json(path: Path, what: str, transformers_reads: bool = True) -> Any:
+    """A json file of a model folder; one that transformers reads too (config.json, a shard
+    index) must come without a byte-order mark, which transformers cannot read."""
+    refused = "transformers cannot read" if transformers_reads else None
+    text = read_text(path, what, kind=ModelFolderError, bom_refused=refused)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
         raise ModelFolderError(f"{path}: not valid JSON ({error}): expected {what}") from None
 
 
@@ -236,7 +241,7 @@ def check_retriever(name_or_path: str | Path) -> None:
     if not spec_file.is_file():
         check_model_folder(folder, what="retriever encoder", encoder_only=True)
         return
-    spec = _read_json(spec_file, "the dual encoder's spec")
+    spec = _read_json(spec_file, "the dual encoder's spec", transformers_reads=False)
     known = {field.name for field in dataclasses.fields(DualEncoderSpec)}
     if not isinstance(spec, dict) or not spec.keys() <= known:
         found = f"keys {sorted(spec)}" if isinstance(spec, dict) else f"a {type(spec).__name__}"

@@ -33,6 +33,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
 from fid.errors import InputError
+from fid.models.folder_checks import ModelFolderError
 from fid.models.retriever_spec import (  # noqa: F401 (the spec's names, also from here)
     CONFIG_FILE,
     HEAD_FILE,
@@ -41,6 +42,7 @@ from fid.models.retriever_spec import (  # noqa: F401 (the spec's names, also fr
 )
 from fid.models.sentence_transformers import sentence_transformers_spec
 from fid.models.settings import ModelSettingsError
+from fid.text_files import read_text
 
 
 class DualEncoder(nn.Module):
@@ -156,7 +158,9 @@ class DualEncoder(nn.Module):
         path = Path(name_or_path)
         explicit = spec is not None
         if (path / CONFIG_FILE).is_file():
-            spec = DualEncoderSpec(**json.loads((path / CONFIG_FILE).read_text()))
+            # (checked by fid.models.folder_checks.check_retriever when fid loads a folder)
+            text = read_text(path / CONFIG_FILE, "the dual encoder's spec", ModelFolderError)
+            spec = DualEncoderSpec(**json.loads(text))
             question = _load_encoder(path / "question_encoder")
             passage = None
             if not spec.shared:

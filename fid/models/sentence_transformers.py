@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fid.models.folder_checks import ModelFolderError
+from fid.text_files import read_text
 
 MODULES_FILE = "modules.json"
 _TYPE_PREFIX = "sentence_transformers.models."
@@ -27,8 +28,8 @@ _TYPE_PREFIX = "sentence_transformers.models."
 
 def _read(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+        return json.loads(read_text(path, "a sentence-transformers file (json)", ModelFolderError))
+    except (OSError, json.JSONDecodeError) as error:
         raise ModelFolderError(f"{path}: unreadable sentence-transformers file ({error})") from None
 
 

@@ -46,6 +46,7 @@ from fid.errors import DataError
 from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime.fileio import atomic_directory, atomic_write_json
 from fid.runtime.progress import progress
+from fid.text_files import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -199,9 +200,10 @@ def _load_meta(index_dir: Path) -> dict:
             f"{index_dir}: not a BM25 index ({_META} not found). Hint: build it first with "
             "`fid build-bm25 --passages PASSAGES.tsv --output INDEX_FOLDER`."
         )
+    text = read_text(path, "a BM25 index record (json)")
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        meta = json.loads(text)
+    except json.JSONDecodeError as error:
         raise DataError(f"{path}: not valid UTF-8 JSON ({error}): rebuild the index") from None
     if not isinstance(meta, dict):
         raise DataError(f"{path}: expected a JSON object, found {type(meta).__name__}")

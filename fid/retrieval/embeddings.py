@@ -28,9 +28,10 @@ from fid.data.passages import Passage, iter_passages, passage_shard_bounds
 from fid.errors import DataError
 from fid.models.loading import load_retriever
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
-from fid.runtime.fileio import atomic_path, atomic_write_json
+from fid.runtime.fileio import atomic_path, atomic_write_json, warn_if_short_of_space
 from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
+from fid.text_files import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -199,8 +200,9 @@ def _read_shard(
             "Hint: run `fid embed-passages` for this shard"
         )
     emb_path, ids_path, meta_path = paths
+    text = read_text(meta_path, "an embedding shard's record (json)")
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(text)
     except json.JSONDecodeError as error:
         raise DataError(f"{meta_path}: invalid JSON: {error}") from None
     required = ("shard", "n_shards", "count", "dim", "model")
@@ -361,6 +363,9 @@ def embed_passages(
     retriever, encode = load_retriever(
         model_path, None, cfg.passage_max_tokens, device, override=cfg.override_model_settings
     )
+    rows = end - start  # float16 vectors and their ids, before the hours of embedding
+    warn_if_short_of_space(Path(output).parent, rows * (2 * retriever.dim + 16),
+                           f"{rows:,} embeddings of d={retriever.dim}")  # fmt: skip
     # "auto": bf16 on a GPU, and on a CPU that computes it natively for a model wide enough
     width = retriever.question_encoder.config.hidden_size
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device, width))

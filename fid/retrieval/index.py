@@ -38,6 +38,7 @@ from fid.retrieval.embeddings import load_npy
 from fid.retrieval.rerank import VECTORS_FILE, RowSource, open_vectors, rescore, write_vectors
 from fid.runtime.fileio import atomic_directory
 from fid.runtime.progress import progress
+from fid.text_files import read_text
 
 logger = logging.getLogger(__name__)
 
@@ -309,8 +310,9 @@ class PassageIndex:
                 f"{folder}: index folder is missing {', '.join(missing)}. "
                 "Hint: rebuild it with `fid build-index`"
             )
+        text = read_text(folder / META_FILE, "a dense index record (json)")
         try:
-            meta = json.loads((folder / META_FILE).read_text())
+            meta = json.loads(text)
         except json.JSONDecodeError as error:
             raise DataError(f"{folder / META_FILE}: invalid JSON: {error}") from None
         if not isinstance(meta, dict) or any(key not in meta for key in _META_KEYS):

@@ -18,6 +18,7 @@ from fid.config import ConfigError, IndexConfig
 from fid.errors import DataError
 from fid.retrieval.embeddings import ShardedEmbeddings, first_duplicate, load_embedding_shards
 from fid.retrieval.index import METRICS, PassageIndex, faiss_message
+from fid.runtime.fileio import warn_if_short_of_space
 from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,10 @@ MIN_POINTS_PER_CENTROID = 39
 def build_index(cfg: IndexConfig, shards: Sequence[Path], output: Path) -> PassageIndex:
     """`fid build-index`: the embedding shards (prefixes) in one faiss index folder."""
     embeddings, ids, meta = load_embedding_shards(shards)
+    rows, dim = embeddings.shape
+    # what is knowable before the build: Flat's vectors, the re-ranking copy, the ids
+    needed = rows * (4 * dim * (cfg.factory.strip() == "Flat") + 2 * dim * cfg.rerank + 16)
+    warn_if_short_of_space(Path(output).parent, needed, f"an index of {rows:,} passages")
     index = build_passage_index(embeddings, ids, cfg, model=meta["model"])
     index.save(output)
     logger.info("indexed %d passages (%s) into %s", index.count, cfg.factory, output)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -163,3 +164,46 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
     finally:
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
+
+
+def check_writable(folders: Iterable[str | Path]) -> None:
+    """Creates each folder (and its parents) and a probe file in it, then removes the probe:
+    a command checks where it will write before any heavy work, so that a read-only or full
+    file system, or a folder without permission, is reported at once, not after hours.
+
+    Raises:
+        OSError: the first folder that cannot be written, named in the error.
+    """
+    for folder in dict.fromkeys(Path(f) for f in folders):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".fid-write-probe.", dir=folder)
+            try:
+                os.write(fd, b"x")  # a full disk fails on data, not on an empty file
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, str(folder)) from None
+
+
+def free_bytes(folder: str | Path) -> int | None:
+    """Bytes free for this user where `folder` (or its nearest existing parent) lives."""
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def warn_if_short_of_space(folder: str | Path, needed: int, what: str) -> None:
+    """Logs a warning, before the work, when `folder`'s disk has less free space than `needed`
+    bytes (an estimate, and file systems may report free space loosely: not an error)."""
+    free = free_bytes(folder)
+    if free is not None and free < needed:
+        logging.getLogger(__name__).warning(
+            "%s: %.2f GB free, %s needs about %.2f GB. Hint: free space there first",
+            folder, free / 1e9, what, needed / 1e9,
+        )  # fmt: skip

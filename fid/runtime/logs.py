@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+from fid.errors import DataError
 from fid.runtime.console import use_job_console
+from fid.runtime.fileio import atomic_write_text
+from fid.text_files import text_lines
 
 logger = logging.getLogger(__name__)
 _formatter: logging.Formatter | None = None  # setup_logging's, for add_log_file
@@ -91,12 +94,8 @@ class MetricsWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
-            kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = _records_up_to(self.path, resume_step)
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         self._file = open(self.path, "a")  # noqa: SIM115 (open for the writer's lifetime)
         self._tensorboard = None
         if tensorboard_dir is not None:
@@ -118,6 +117,29 @@ class MetricsWriter:
         self._file.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+
+
+def _records_up_to(path: Path, step: int) -> list[str]:
+    """The lines of a metrics.jsonl whose step is at most `step`; a last line torn by a kill
+    (not whole JSON) is dropped with a warning, a bad line elsewhere is an error naming it."""
+    lines = [
+        (number, line.rstrip("\r\n"))
+        for number, line in text_lines(path, "the run's metrics (jsonl)")
+        if line.strip()
+    ]
+    kept = []
+    for index, (number, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if index == len(lines) - 1:
+                logger.warning("%s: line %d is not whole JSON (a write cut short): dropped",
+                               path, number)  # fmt: skip
+                continue
+            raise DataError(f"{path}: line {number}: not JSON ({error.msg})") from None
+        if record.get("step", 0) <= step:
+            kept.append(line)
+    return kept
 
 
 class PeakMemory:

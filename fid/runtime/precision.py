@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 
 import torch
 
@@ -80,3 +81,11 @@ def autocast(device: torch.device, precision: str):
         _warn_slow_bf16()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def deterministic_kernels() -> None:
+    """Deterministic kernels from here on: cuBLAS with a fixed workspace (read when its first
+    handle is made, so before the first product on the GPU), and every op that has a
+    deterministic version uses it (an op without one raises instead of varying)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)

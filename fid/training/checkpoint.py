@@ -39,7 +39,7 @@ from torch import nn
 
 from fid.errors import CheckpointError
 from fid.runtime import distributed
-from fid.runtime.fileio import atomic_directory
+from fid.runtime.fileio import atomic_directory, warn_if_short_of_space
 from fid.training.manifest import (
     MANIFEST,
     check_checksums,
@@ -77,6 +77,24 @@ class TrainingProgress:
     batch_in_epoch: int = 0
     best_metric: float | None = None
     best_step: int | None = None
+
+
+def checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """About the bytes one checkpoint takes: the weights, and the optimizer's state (AdamW:
+    two moments per weight, in the weights' precision)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    moments = 2 if isinstance(optimizer, torch.optim.AdamW | torch.optim.Adam) else 1
+    return weights * (1 + moments)
+
+
+def warn_if_checkpoints_do_not_fit(
+    state_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, keep: int
+) -> None:
+    """Warns before training when the state folder's disk lacks room for the kept checkpoints,
+    the one being written and best_dev (weights only)."""
+    one = checkpoint_bytes(model, optimizer)
+    needed = one * (keep + 1) + one // 3
+    warn_if_short_of_space(state_dir, needed, f"training ({keep + 1} checkpoints of its state)")
 
 
 def rng_state() -> dict[str, Any]:

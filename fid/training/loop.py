@@ -34,7 +34,7 @@ from fid.runtime.fileio import (
     temporary_directory,
 )
 from fid.runtime.logs import MetricsWriter, PeakMemory
-from fid.runtime.precision import autocast
+from fid.runtime.precision import autocast, deterministic_kernels
 from fid.runtime.progress import progress as progress_lines
 from fid.runtime.signals import STOP_SIGNALS, Preempted
 from fid.training import sharding
@@ -46,6 +46,7 @@ from fid.training.checkpoint import (
     publish_checkpoint,
     rng_state,
     save_checkpoint,
+    warn_if_checkpoints_do_not_fit,
     write_training_state,
 )
 from fid.training.manifest import seal_shared_checkpoint
@@ -159,6 +160,8 @@ def run_training(
         optimizer, cfg.scheduler, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio
     )
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    if rank == 0:
+        warn_if_checkpoints_do_not_fit(state_dir, model, optimizer, cfg.keep_last_checkpoints)
 
     if rank == 0:
         recover_directory(state_dir / "best_dev")
@@ -334,14 +337,6 @@ def run_training(
         if metrics is not None:
             metrics.close()
     return progress
-
-
-def deterministic_kernels() -> None:
-    """Deterministic kernels from here on: cuBLAS with a fixed workspace (read when its first
-    handle is made, so before the first product on the GPU), and every op that has a
-    deterministic version uses it (an op without one raises instead of varying)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
 
 
 def _check_resume(checkpoint: Path, cfg: TrainingConfig, record: dict, rank: int) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from fid.errors import CheckpointError
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
+from fid.text_files import read_text
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -103,10 +104,10 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     """
     path = folder / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(read_text(path, "a checkpoint manifest (json)", CheckpointError))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+    except (OSError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{path}: unreadable ({error})") from None
     checksum = manifest.get("checksum") if isinstance(manifest, dict) else None
     files = manifest.get("files") if isinstance(manifest, dict) else None
