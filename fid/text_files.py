@@ -8,7 +8,7 @@ so that all of them accept the same bytes and refuse the rest with the same mess
     FILE: line 7: not UTF-8 (byte 0xff at byte offset 523: invalid start byte): expected
     compact retrieval lists in UTF-8
 
-- `read_text`: a whole file (json documents, YAML, question files);
+- `read_text`: a whole file (json documents, YAML, question files); `read_json` parses it;
 - `text_lines`: a file line by line, for files too large to hold (compact lists, passage
   TSVs): each line is decoded on its own, so the line and offset of a bad byte are known;
 - `decode_line` and `not_utf8`: for readers that read bytes themselves (a shard's byte range
@@ -29,8 +29,10 @@ Standard library only, below every stage package (fid.config reads YAML through 
 from __future__ import annotations
 
 import codecs
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from fid.errors import DataError, InputError
 
@@ -126,6 +128,29 @@ def read_text(
             f"{what} in UTF-8 without one. Hint: save the file without the byte-order mark"
         )
     return decode_line(data, path, what, line=1, offset=0, kind=kind)
+
+
+def read_json(
+    path: str | Path,
+    what: str,
+    kind: type[InputError] = DataError,
+    bom_refused: str | None = None,
+) -> Any:
+    """A whole JSON file, decoded as `read_text` decodes it and parsed; the callers check
+    what the document holds.
+
+    Raises:
+        kind: text that is not UTF-8, or not JSON ("FILE: not valid JSON (reason at line L
+            column C): expected WHAT").
+    """
+    text = read_text(path, what, kind, bom_refused)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise kind(
+            f"{path}: not valid JSON ({error.msg} at line {error.lineno} column {error.colno}): "
+            f"expected {what}"
+        ) from None
 
 
 def text_lines(

@@ -294,7 +294,7 @@ def bm25_index_meta_not_json(i):
     output = i.tmp / "out" / "bm25.json"
     argv = ["retrieve-bm25", "--index", index, "--passages", i.passages, "--questions",
             i.questions, "--output", output]  # fmt: skip
-    return Case(argv, [str(index / "meta.json"), "not valid UTF-8 JSON"], [output])
+    return Case(argv, [str(index / "meta.json"), "not valid JSON", "rebuild the index"], [output])
 
 
 # --- archives and checkpoints ---------------------------------------------------------------

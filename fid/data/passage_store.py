@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -42,7 +41,7 @@ from fid.data.passages import (
 from fid.errors import DataError
 from fid.runtime.fileio import atomic_directory, atomic_write_json
 from fid.runtime.progress import progress
-from fid.text_files import decode_line, read_text
+from fid.text_files import decode_line, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -294,11 +293,7 @@ def open_store(path: str | Path) -> PassageStore:
     if not meta_path.is_file():
         raise DataError(f"{path}: not a passage store (no {_META}); expected a folder written "
                         "by fid build-passage-store")  # fmt: skip
-    text = read_text(meta_path, "a passage store record (json)")
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{meta_path}: not valid JSON ({error})") from None
+    record = read_json(meta_path, "a passage store record (json)")
     if not isinstance(record, dict) or record.get("format") != STORE_FORMAT:
         raise DataError(f"{meta_path}: not a passage store record (format {STORE_FORMAT!r})")
     n = int(record["n_passages"])

@@ -24,7 +24,6 @@ to 1e-5, with the encoder tokens at the original's positions (no packing).
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 from pathlib import Path
@@ -42,7 +41,7 @@ from fid.models.reader import CROSS_ATTENTION_BIAS, add_cross_attention_bias
 from fid.models.retriever import DualEncoder, DualEncoderSpec, load_released_retriever
 from fid.models.settings import ReaderSettings
 from fid.runtime.fileio import atomic_directory
-from fid.text_files import read_text
+from fid.text_files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -177,11 +176,7 @@ _RETRIEVER_KEYS = (
 
 def _read_config(config_file: Path) -> dict:
     """A released checkpoint's config.json (a CheckpointError when it is not a JSON object)."""
-    text = read_text(config_file, "a JSON model config", kind=CheckpointError)
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{config_file}: not a JSON model config ({error})") from None
+    config = read_json(config_file, "a JSON model config", kind=CheckpointError)
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_file}: expected a JSON object (a model config)")
     return config

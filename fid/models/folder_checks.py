@@ -13,14 +13,13 @@ only its resolution is checked (a name transformers cannot find is an input erro
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from fid.errors import InputError
 from fid.models.retriever_spec import CONFIG_FILE, HEAD_FILE, DualEncoderSpec
-from fid.text_files import read_text
+from fid.text_files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +50,7 @@ def _read_json(path: Path, what: str, transformers_reads: bool = True) -> Any:
     """A json file of a model folder; one that transformers reads too (config.json, a shard
     index) must come without a byte-order mark, which transformers cannot read."""
     refused = "transformers cannot read" if transformers_reads else None
-    text = read_text(path, what, kind=ModelFolderError, bom_refused=refused)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ModelFolderError(f"{path}: not valid JSON ({error}): expected {what}") from None
+    return read_json(path, what, kind=ModelFolderError, bom_refused=refused)
 
 
 def _safetensors_shapes(path: Path) -> dict[str, list[int]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from fid.errors import InputError
-from fid.text_files import read_text
+from fid.text_files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +88,7 @@ class ReaderSettings:
 
 def settings_from_json(cls: type[T], path: Path, ignore: tuple[str, ...] = ("format",)) -> T:
     """A settings dataclass from a model folder's json file (unknown keys are an error)."""
-    text = read_text(path, "a model folder's settings (json)", kind=ModelSettingsError)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ModelSettingsError(f"{path}: not valid JSON ({error})") from None
+    data = read_json(path, "a model folder's settings (json)", kind=ModelSettingsError)
     known = {f.name for f in fields(cls)}
     if not isinstance(data, dict) or not (data.keys() - set(ignore)) <= known:
         found = f"keys {sorted(data)}" if isinstance(data, dict) else f"a {type(data).__name__}"

@@ -26,7 +26,6 @@ Mean? A Large-Scale Reproducibility Study of Scoring Variants" (the variants bm2
 from __future__ import annotations
 
 import array
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -46,7 +45,7 @@ from fid.errors import DataError
 from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime.fileio import atomic_directory, atomic_write_json
 from fid.runtime.progress import progress
-from fid.text_files import read_text
+from fid.text_files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -200,11 +199,7 @@ def _load_meta(index_dir: Path) -> dict:
             f"{index_dir}: not a BM25 index ({_META} not found). Hint: build it first with "
             "`fid build-bm25 --passages PASSAGES.tsv --output INDEX_FOLDER`."
         )
-    text = read_text(path, "a BM25 index record (json)")
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{path}: not valid UTF-8 JSON ({error}): rebuild the index") from None
+    meta = read_json(path, "a BM25 index record (json): rebuild the index")
     if not isinstance(meta, dict):
         raise DataError(f"{path}: expected a JSON object, found {type(meta).__name__}")
     if meta.get("format") != INDEX_FORMAT:

@@ -12,7 +12,6 @@ are saved with `allow_pickle=False`, so loading them runs no code.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -31,7 +30,7 @@ from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.runtime.fileio import atomic_path, atomic_write_json, warn_if_short_of_space
 from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
-from fid.text_files import read_text
+from fid.text_files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -200,11 +199,7 @@ def _read_shard(
             "Hint: run `fid embed-passages` for this shard"
         )
     emb_path, ids_path, meta_path = paths
-    text = read_text(meta_path, "an embedding shard's record (json)")
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{meta_path}: invalid JSON: {error}") from None
+    meta = read_json(meta_path, "an embedding shard's record (json)")
     required = ("shard", "n_shards", "count", "dim", "model")
     if not isinstance(meta, dict) or any(key not in meta for key in required):
         raise DataError(f"{meta_path}: expected an object with keys {', '.join(required)}")

@@ -38,7 +38,7 @@ from fid.retrieval.embeddings import load_npy
 from fid.retrieval.rerank import VECTORS_FILE, RowSource, open_vectors, rescore, write_vectors
 from fid.runtime.fileio import atomic_directory
 from fid.runtime.progress import progress
-from fid.text_files import read_text
+from fid.text_files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -310,11 +310,7 @@ class PassageIndex:
                 f"{folder}: index folder is missing {', '.join(missing)}. "
                 "Hint: rebuild it with `fid build-index`"
             )
-        text = read_text(folder / META_FILE, "a dense index record (json)")
-        try:
-            meta = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{folder / META_FILE}: invalid JSON: {error}") from None
+        meta = read_json(folder / META_FILE, "a dense index record (json)")
         if not isinstance(meta, dict) or any(key not in meta for key in _META_KEYS):
             raise DataError(
                 f"{folder / META_FILE}: expected an object with keys {', '.join(_META_KEYS)}"

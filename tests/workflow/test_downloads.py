@@ -13,13 +13,11 @@ import gzip
 import hashlib
 import io
 import json
-import subprocess
-import sys
 import tarfile
 
 import pytest
 import yaml
-from workflow_helpers import BIN, ROOT, SAMPLES, dry_run, planned_jobs, snakemake
+from workflow_helpers import ROOT, SAMPLES, dry_run, local_rules, planned_jobs, snakemake
 
 TINY = ROOT / "tests" / "workflow" / "config.yaml"
 SPLITS = ("train", "dev", "test")
@@ -157,35 +155,6 @@ def test_a_new_url_downloads_again(data_run):
     assert planned.count("download") == 1 and planned.count("prepare_questions") == 3
 
 
-# Snakemake's own list of local rules, for a config (a dry run never says which jobs are local:
-# jobs.py, "in dryrun, we don't want to display a decision whether local or not").
-_LOCAL_RULES = """
-import json, sys
-from pathlib import Path
-from snakemake.api import SnakemakeApi
-from snakemake.settings import types as s
-
-with SnakemakeApi(s.OutputSettings(quiet={s.Quietness.ALL})) as api:
-    workflow = api.workflow(
-        snakefile=Path(sys.argv[1]), workdir=Path(sys.argv[2]),
-        config_settings=s.ConfigSettings(configfiles=[Path(sys.argv[3])]),
-        resource_settings=s.ResourceSettings(), storage_settings=s.StorageSettings(),
-        workflow_settings=s.WorkflowSettings(), deployment_settings=s.DeploymentSettings(),
-    )
-    print(json.dumps(sorted(workflow._workflow._localrules)))
-"""
-
-
-def _local_rules(workdir, config) -> set[str]:
-    result = subprocess.run(
-        [sys.executable, "-c", _LOCAL_RULES, ROOT / "Snakefile", workdir, config],
-        capture_output=True, text=True, cwd=workdir, timeout=120,
-        env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return set(json.loads(result.stdout.strip().splitlines()[-1]))
-
-
 @pytest.mark.parametrize("name", ["nq.yaml", "tqa.yaml"])
 def test_data_rules_are_local_under_the_slurm_profile(tmp_path, name):
     """Compute nodes of most clusters have no internet: under profiles/slurm the downloads (and
@@ -196,7 +165,7 @@ def test_data_rules_are_local_under_the_slurm_profile(tmp_path, name):
     output = dry_run(tmp_path, "--profile", str(ROOT / "profiles" / "slurm"), "--slurm-no-account",
                      target, "--configfile", str(config))  # fmt: skip
     assert {"download", "extract"} <= {job["rule"] for job in planned_jobs(output)}
-    assert {"download", "extract"} <= _local_rules(tmp_path, config)
+    assert {"download", "extract"} <= local_rules(tmp_path, config)
     cfg["data"]["download_on_compute_nodes"] = True
     (tmp_path / "compute.yaml").write_text(yaml.safe_dump(cfg))
-    assert not {"download", "extract"} & _local_rules(tmp_path, tmp_path / "compute.yaml")
+    assert not {"download", "extract"} & local_rules(tmp_path, tmp_path / "compute.yaml")

@@ -77,7 +77,8 @@ def write_config(path: Path, base: str | Path, **changes) -> Path:
     return path
 
 
-_SHELL_COMMANDS = """
+# A workflow loaded through Snakemake's API (no run): prints one JSON value of it.
+_LOADED_WORKFLOW = """
 import json, sys
 from pathlib import Path
 from snakemake.api import SnakemakeApi
@@ -89,22 +90,35 @@ with SnakemakeApi(s.OutputSettings(quiet={s.Quietness.ALL})) as api:
         config_settings=s.ConfigSettings(configfiles=[Path(sys.argv[3])]),
         resource_settings=s.ResourceSettings(), storage_settings=s.StorageSettings(),
         workflow_settings=s.WorkflowSettings(), deployment_settings=s.DeploymentSettings(),
-    )
-    print(json.dumps({r.name: r.shellcmd for r in workflow._workflow.rules if r.shellcmd}))
+    )._workflow
+    print(json.dumps(EXPRESSION))
 """
+
+
+def loaded_workflow(workdir: Path, config: Path, expression: str):
+    """`expression` (over the loaded `workflow`) for a config file, as Snakemake loaded it."""
+    script = _LOADED_WORKFLOW.replace("EXPRESSION", expression)
+    result = subprocess.run(
+        [sys.executable, "-c", script, ROOT / "Snakefile", workdir, config],
+        capture_output=True, text=True, cwd=workdir, timeout=120,
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def rule_shell_commands(workdir: Path, config: dict) -> dict[str, str]:
     """Every rule's shell command as Snakemake loaded the rules for `config` (unformatted:
     `{input.x:q}` fields as written)."""
     (workdir / "c.yaml").write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        [sys.executable, "-c", _SHELL_COMMANDS, ROOT / "Snakefile", workdir, workdir / "c.yaml"],
-        capture_output=True, text=True, cwd=workdir, timeout=120,
-        env={"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(workdir)},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    expression = "{r.name: r.shellcmd for r in workflow.rules if r.shellcmd}"
+    return loaded_workflow(workdir, workdir / "c.yaml", expression)
+
+
+def local_rules(workdir: Path, config: Path) -> set[str]:
+    """The rules Snakemake runs itself for a config file (a dry run never says which: jobs.py,
+    "in dryrun, we don't want to display a decision whether local or not")."""
+    return set(loaded_workflow(workdir, config, "sorted(workflow._localrules)"))
 
 
 def report_pages(report: Path) -> dict[str, str]:
