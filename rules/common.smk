@@ -7,6 +7,7 @@ the input functions of the training rules, for rules/*.smk.
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -317,13 +318,32 @@ def fid(rule):
             f" --cpus-per-task={{resources.cpus_per_task}}{gpus} --kill-on-bad-exit=1"
             " fid --threads {resources.cpus_per_task} --log-file {log:q}"
         )
-    if r.get("processes", 1) > 1:
-        per_rank = max(1, r.get("threads", 1) // r["processes"])
+    ranks = local_ranks(r.get("processes", 1))
+    if ranks > 1:
+        per_rank = max(1, r.get("threads", 1) // ranks)
         return (
-            f"torchrun --standalone --nproc-per-node={r['processes']} --log-dir=/dev/null"
+            f"torchrun --standalone --nproc-per-node={ranks} --log-dir=/dev/null"
             f" -m fid --threads {per_rank} --log-file {{log:q}}"
         )
     return "fid --threads {threads} --log-file {log:q}"
+
+
+def local_ranks(processes):
+    """The local ranks of a `processes: N` job: N on CPUs; on a machine with GPUs at most one
+    per GPU (a rank needs a GPU of its own: fid refuses two on one), so the demo's 2-rank jobs
+    run as one process on a one-GPU machine (the same steps, half the effective batch).
+    """
+    gpus = visible_gpus()
+    return min(processes, gpus) if gpus else processes
+
+
+def visible_gpus():
+    """The GPUs this machine shows its jobs, known without torch: CUDA_VISIBLE_DEVICES when
+    set, else the NVIDIA driver's devices."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])
+    return len(list(Path("/proc/driver/nvidia/gpus").glob("*")))
 
 
 # ---------------------------------------------------------------- report captions

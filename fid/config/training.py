@@ -40,6 +40,11 @@ class TrainingConfig:
         tensorboard: write TensorBoard scalars beside metrics.jsonl.
         sharding: "ddp" replicates the model on every rank; "fsdp" shards parameters,
             gradients and optimizer state across ranks (readers too large for one GPU).
+        max_skipped_steps_in_a_row: optimizer steps in a row that make no update (a loss that is
+            not finite, skipped in bf16 and fp32; an fp16 overflow, skipped by the loss scaler)
+            before the run stops with an error naming its last good checkpoint (a skipped step
+            still counts: its data is used up and the schedule advances; metrics.jsonl counts
+            them as `skipped_steps`).
         deterministic: deterministic kernels only (`torch.use_deterministic_algorithms`, and
             cuBLAS's fixed workspace): on a GPU, an interrupted run then resumes bitwise equal
             to an uninterrupted one (CUDA's atomic adds, e.g. in the embedding's backward,
@@ -66,6 +71,7 @@ class TrainingConfig:
     log_every_steps: int = 50
     tensorboard: bool = True
     sharding: Literal["ddp", "fsdp"] = "ddp"
+    max_skipped_steps_in_a_row: int = 25
     deterministic: bool = False
 
     def __post_init__(self):
@@ -85,3 +91,4 @@ class TrainingConfig:
         check_range("save_every_minutes", self.save_every_minutes, low=0.0, allow_none=True)
         check_range("keep_last_checkpoints", self.keep_last_checkpoints, low=1)
         check_range("log_every_steps", self.log_every_steps, low=1)
+        check_range("max_skipped_steps_in_a_row", self.max_skipped_steps_in_a_row, low=1)

@@ -56,6 +56,7 @@ from fid.training.resume import (
     check_resume_inputs,
     saved_config,
 )
+from fid.training.update import apply_update, finite_everywhere, stop_if_diverged
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +204,7 @@ def run_training(
     stream = _BatchStream(task, progress)
     interval_loss = torch.zeros((), device=device)
     interval_start, interval_steps = time.perf_counter(), 0
+    interval_finite = interval_skipped = skipped_in_a_row = 0
     last_save = time.monotonic()
     # rank 0's steps: a bar on a terminal, else a line (steps, rate, ETA, loss) at most every
     # FID_PROGRESS_INTERVAL_S seconds, also on a workflow job's console
@@ -260,26 +262,22 @@ def run_training(
                         return contextlib.nullcontext()
                     return train_model.no_sync()
 
-                interval_loss += accumulate_gradients(
+                step_loss = accumulate_gradients(
                     task, train_model, batches, world_size, device, amp, scaler, gradient_sync
                 )
-
                 if sharded:
                     sharding.average_replicated_gradients(replicated)
-                if scaler is not None:
-                    scaler.unscale_(optimizer)
-                grad_norm = None
-                if cfg.clip_grad_norm is not None and sharded:
-                    grad_norm = sharding.clip_grad_norm(parameters, cfg.clip_grad_norm)
-                elif cfg.clip_grad_norm is not None:
-                    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, cfg.clip_grad_norm)
-                if scaler is not None:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                finite = finite_everywhere(step_loss, device)
+                grad_norm, updated = apply_update(
+                    optimizer, scheduler, scaler, parameters, cfg.clip_grad_norm, sharded, finite
+                )
+                if finite:
+                    interval_loss += step_loss
+                    interval_finite += 1
+                skipped_in_a_row = 0 if updated else skipped_in_a_row + 1
+                interval_skipped += not updated
+                stop_if_diverged(skipped_in_a_row, cfg.max_skipped_steps_in_a_row,
+                                 progress.step + 1, state_dir)  # fmt: skip
                 progress.step += 1
                 interval_steps += 1
                 bar.update(1)
@@ -289,7 +287,9 @@ def run_training(
                     # every item of the interval's steps alike, on all ranks
                     (loss_sum,) = distributed.sum_over_ranks([float(interval_loss)], device)
                     values = {
-                        "loss": loss_sum / world_size / interval_steps,
+                        # the interval's steps with a finite loss
+                        "loss": loss_sum / world_size / max(interval_finite, 1),
+                        "skipped_steps": interval_skipped,
                         "lr": scheduler.get_last_lr()[0],
                         "step_time_s": (time.perf_counter() - interval_start) / interval_steps,
                         "peak_memory_mb": memory.peak_mb(),
@@ -302,6 +302,7 @@ def run_training(
                     bar.set_postfix(loss=f"{values['loss']:.3f}", refresh=False)
                     interval_loss.zero_()
                     interval_start, interval_steps = time.perf_counter(), 0
+                    interval_finite = interval_skipped = 0
                     memory.reset()
 
                 if final or (cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0):

@@ -50,6 +50,7 @@ WARNED = frozenset({
     "activation_checkpointing", "attention", "encoder_buckets", "pack_passages",
     "pad_to_max_length", "batch_size", "eval_batch_size",
     "deterministic",  # the same sums in a fixed order
+    "max_skipped_steps_in_a_row",  # when a diverged run stops
 })  # fmt: skip
 
 _ABSENT = object()  # a key the checkpoint's config (an older version) does not have

@@ -235,3 +235,21 @@ def test_local_ranks_leave_no_torchrun_folders(tmp_path):
         assert run.returncode == 0 and "usage: fid" in run.stdout, run.stderr[-2000:]
         left = list(tmp.glob("torchelastic_*"))
         assert left == [] if name == "ours" else left, (name, left)  # plain torchrun leaves one
+
+
+@pytest.mark.parametrize(
+    "visible, launcher",
+    [
+        ("", "torchrun --standalone --nproc-per-node=2 --log-dir=/dev/null -m fid --threads 1"),
+        ("0", "fid --threads 2 --log-file"),  # one GPU: one rank (two would share it)
+        ("0,1", "torchrun --standalone --nproc-per-node=2 --log-dir=/dev/null -m fid"),
+        ("0,1,2,3", "torchrun --standalone --nproc-per-node=2 --log-dir=/dev/null -m fid"),
+    ],
+)
+def test_the_demos_local_ranks_fit_the_gpus(tmp_path, monkeypatch, visible, launcher):
+    """`processes: 2` runs 2 ranks on CPUs, at most one per GPU where GPUs are visible (fid
+    refuses two ranks on one GPU), so `make demo` runs on a one-GPU machine."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    jobs = planned_jobs(dry_run(tmp_path))
+    for job in (j for j in jobs if j["rule"] in ("train_reader", "train_retriever")):
+        assert job["shell"].startswith(launcher), job["shell"]
