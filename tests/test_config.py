@@ -131,3 +131,14 @@ def test_non_finite_yaml_values_are_rejected(tmp_path):
             load_config(path, ReaderTrainConfig)
     with pytest.raises(ConfigError, match="lr = nan is not a finite number"):
         ReaderTrainConfig(lr=math.nan)
+
+
+def test_fp16_with_fsdp_is_refused_naming_why():
+    """GradScaler cannot unscale sharded (DTensor) and replicated gradients together: the pair
+    is refused when the config is read, not at the first optimizer step on the GPUs."""
+    from fid.config import ConfigError, ReaderTrainConfig
+
+    with pytest.raises(ConfigError, match=r"fp16.*fsdp' is refused.*mixed DTensor.*bf16"):
+        ReaderTrainConfig(precision="fp16", sharding="fsdp")
+    ReaderTrainConfig(precision="bf16", sharding="fsdp")
+    ReaderTrainConfig(precision="fp16", sharding="ddp")

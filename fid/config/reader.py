@@ -216,6 +216,13 @@ class ReaderTrainConfig(TrainingConfig, GenerationConfig):
         check_range("target_max_tokens", self.target_max_tokens, low=2, allow_none=True)
         check_range("dropout", self.dropout, low=0.0, high=1.0, allow_none=True)
         check_range("eval_max_questions", self.eval_max_questions, low=1, allow_none=True)
+        if self.precision == "fp16" and self.sharding == "fsdp":
+            raise ConfigError(
+                "precision = 'fp16' with sharding = 'fsdp' is refused: the loss scaler unscales "
+                "the sharded blocks' and the replicated embedding's gradients together, which "
+                "torch's GradScaler cannot (mixed DTensor and Tensor). Hint: precision bf16 "
+                "(or fp32) with fsdp, or fp16 with ddp"
+            )
 
 
 @dataclass(frozen=True)
