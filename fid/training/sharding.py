@@ -35,9 +35,15 @@ from torch.distributed.tensor import DTensor
 
 
 def shard(model: nn.Module, units: Sequence[nn.Module]) -> list[nn.Parameter]:
-    """Applies `fully_shard` to each unit; returns the parameters left replicated."""
+    """Applies `fully_shard` to each unit; returns the parameters left replicated.
+
+    Each unit is its own FSDP root (no sharded parent), and a root left to the default
+    (`reshard_after_forward=None`) keeps its parameters gathered after its forward: the whole
+    model would stay gathered through the step and dev evaluation. Every unit therefore
+    reshards after its forward, explicitly, and holds its full weights only while it runs.
+    """
     for unit in units:
-        fully_shard(unit)
+        fully_shard(unit, reshard_after_forward=True)
     return [p for p in model.parameters() if not isinstance(p, DTensor)]
 
 

@@ -1,0 +1,48 @@
+"""FSDP units free their gathered weights after their forward (issue 29): every T5 block is its
+own FSDP root, and a root left to FSDP's default keeps its full weights after the forward, so
+the whole model stayed gathered through a training step and all of dev evaluation."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from fid.models.reader import FiDReader
+from fid.training import sharding
+
+
+@pytest.fixture
+def one_rank_group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_units_hold_only_their_shards_between_their_forwards(one_rank_group, tiny_t5):
+    reader = FiDReader(tiny_t5, encoder_buckets=2)
+    units = reader.fsdp_units()
+    sharding.shard(reader, units)
+    ids = torch.randint(3, 300, (2, 3, 12))
+    mask = torch.ones_like(ids)
+
+    def gathered():
+        return [n for u in units for n, p in u.named_parameters() if not isinstance(p, DTensor)]
+
+    assert gathered() == []
+    reader.eval()
+    with torch.no_grad():  # dev evaluation
+        reader.generate(ids, mask, 3)
+    assert gathered() == [], "a unit kept its full weights after its forward"
+    reader.train()
+    loss = reader(ids, mask, labels=torch.randint(3, 300, (2, 4))).loss
+    assert gathered() == [], "gathered between the forward and the backward"
+    loss.backward()
+    assert gathered() == []
+    assert all(p.grad is not None for u in units for p in u.parameters())
