@@ -26,6 +26,7 @@ from fid.config import DownloadConfig
 from fid.config import IndexConfig
 from fid.config import PrepareQuestionsConfig, ReaderListsConfig
 from fid.data.download import DownloadError, check_existing_download
+from fid.runtime.gpus import visible_gpus
 
 validate(config, schema="../config/config.schema.yaml")
 
@@ -335,15 +336,6 @@ def local_ranks(processes):
     """
     gpus = visible_gpus()
     return min(processes, gpus) if gpus else processes
-
-
-def visible_gpus():
-    """The GPUs this machine shows its jobs, known without torch: CUDA_VISIBLE_DEVICES when
-    set, else the NVIDIA driver's devices."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])
-    return len(list(Path("/proc/driver/nvidia/gpus").glob("*")))
 
 
 # ---------------------------------------------------------------- report captions
