@@ -46,10 +46,16 @@ report: "rules/report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/slurm.smk"
 include: "rules/data.smk"
 include: "rules/retrieval.smk"
 include: "rules/reader.smk"
 include: "rules/evaluation.smk"
+
+
+# With the SLURM executor: every job's layout against its partition, before any submission.
+onstart:
+    check_layouts_against_partitions()
 
 
 rule all:

@@ -293,10 +293,11 @@ def _resources(rule):
 
 
 def res(rule):
-    """Resources of a rule: `resources.default` overridden by the rule's own entry."""
-    return {
-        k: v for k, v in _resources(rule).items() if k not in ("threads", "processes")
-    }
+    """Resources of a rule: `resources.default` overridden by the rule's own entry, and the
+    sbatch options the workflow adds (rules/slurm.smk)."""
+    r = _resources(rule)
+    kept = {k: v for k, v in r.items() if k not in WORKFLOW_ONLY_KEYS}
+    return {**kept, "slurm_extra": slurm_extra(rule)}
 
 
 def threads(rule):
@@ -312,12 +313,15 @@ def fid(rule):
     """
     r = _resources(rule)
     if "mpi" in r:
-        gpus = " --gpus-per-task=1" if "gres" in r else ""
+        # No --gpus-per-task: with it, SLURM gives each rank a device cgroup holding only its
+        # own GPU (ConstrainDevices), and NCCL cannot reach the node's other GPUs over
+        # NVLink/CUDA IPC. Every rank sees all of its node's GPUs and binds its own
+        # (cuda:LOCAL_RANK, fid.runtime.distributed).
         return (
             "{resources.mpi} --nodes={resources.nodes}"
             " --ntasks-per-node={resources.tasks_per_node}"
-            f" --cpus-per-task={{resources.cpus_per_task}}{gpus} --kill-on-bad-exit=1"
-            " fid --threads {resources.cpus_per_task} --log-file {log:q}"
+            " --cpus-per-task={resources.cpus_per_task} --kill-on-bad-exit=1"
+            f"{srun_exports(rule)} fid --threads {{resources.cpus_per_task}} --log-file {{log:q}}"
         )
     ranks = local_ranks(r.get("processes", 1))
     if ranks > 1:

@@ -99,11 +99,17 @@ def _run(args: argparse.Namespace) -> int:
         check_writable(_written_folders(args))
         args.func(args)
     except Preempted as stop:
-        logger.warning("%s: rerun the same command to resume", stop)
         # The checkpoint is written: a SIGTERM from now on (SLURM sends one to the job's tasks
         # on requeue) must not turn the clean exit into a kill.
         STOP_SIGNALS.ignore()
-        _requeue_if_asked()
+        from fid.runtime import distributed as dist_state
+        from fid.runtime import slurm_job
+
+        if slurm_job.requeue_after_stop(dist_state.is_main()):
+            logger.warning("%s: exit %d, the job resumes when SLURM starts it again",
+                           stop, EXIT_PREEMPTED)  # fmt: skip
+        else:
+            logger.warning("%s: exit %d; rerun the same command to resume", stop, EXIT_PREEMPTED)
         return EXIT_PREEMPTED
     except Exception as error:  # the command's end: every error gets its message and status
         if is_input_error(error):
@@ -128,19 +134,3 @@ def _written_folders(args: argparse.Namespace) -> list[Path]:
     files = [getattr(args, flag, None) for flag in (*OUTPUT_FLAGS, "log_file")]
     folders += [Path(path).parent for path in files if path is not None]
     return [Path(folder) for folder in folders if folder is not None]
-
-
-def _requeue_if_asked() -> None:
-    """With FID_SLURM_REQUEUE=1 inside a SLURM job, rank 0 requeues the job after a
-    preemption checkpoint (SLURM then restarts it and training resumes)."""
-    import subprocess
-
-    from fid.runtime import distributed
-
-    job = os.environ.get("SLURM_JOB_ID")
-    if os.environ.get("FID_SLURM_REQUEUE") == "1" and job and distributed.is_main():
-        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-        if result.returncode == 0:
-            logger.warning("requeued SLURM job %s", job)
-        else:
-            logger.error("scontrol requeue %s failed: %s", job, result.stderr.strip())

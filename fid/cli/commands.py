@@ -53,7 +53,6 @@ def _training_state(args: argparse.Namespace, kind: str, config_class) -> Iterat
     `--state-root` first finds the run's state from its config, data and start model
     (fid.training.states), logs into it and holds it. Either way before any data is loaded.
     """
-    from fid.runtime.logs import add_log_file
     from fid.training.state_lock import hold_state
     from fid.training.states import find_state
 
@@ -65,10 +64,28 @@ def _training_state(args: argparse.Namespace, kind: str, config_class) -> Iterat
         if state_dir is None:
             inputs = {"train": args.train, "dev": args.dev}
             state_dir = find_state(args.state_root, kind, cfg, inputs, args.init_model)
-            if args.log_file is None:
-                add_log_file(state_dir / "train.log")
             stack.enter_context(hold_state(state_dir, args.output))
+        _log_every_start(state_dir, args.log_file, logged_there=args.state_dir is not None)
         yield cfg, state_dir
+
+
+def _log_every_start(state_dir: Path, log_file: Path | None, logged_there: bool) -> None:
+    """The run's own log, state/train.log, gets every start of the run: a requeue, a retry or a
+    rerun appends to it. A workflow job's log (--log-file) is deleted by Snakemake before each
+    start, so it first gets a copy of the earlier starts: it ends up holding all of them.
+    (`logged_there`: --state-dir without --log-file, whose log already is state/train.log.)"""
+    from fid.runtime import distributed, slurm_job
+    from fid.runtime.logs import add_log_file, copy_earlier_starts
+
+    run_log = state_dir / "train.log"
+    if log_file is not None:
+        if distributed.is_main():
+            copy_earlier_starts(run_log, Path(log_file))
+        add_log_file(run_log)
+    elif not logged_there:
+        add_log_file(run_log)
+    where = slurm_job.describe()
+    logger.info("start of this run's training%s", f": {where}" if where else "")
 
 
 # ---------------------------------------------------------------- data

@@ -83,6 +83,23 @@ def add_log_file(file: str | Path) -> None:
     logging.getLogger().addHandler(handler)
 
 
+def copy_earlier_starts(run_log: Path, log_file: Path) -> None:
+    """Appends the earlier starts of a run (its own log, `run_log`) to `log_file`, between two
+    marker lines; nothing when the run has not started before."""
+    try:
+        earlier = run_log.read_bytes()
+    except FileNotFoundError:
+        return
+    if not earlier.strip():
+        return
+    if not earlier.endswith(b"\n"):  # a start killed mid-line
+        earlier += b"\n"
+    with open(log_file, "ab") as out:
+        out.write(f"==== earlier starts of this run (from {run_log}) ====\n".encode())
+        out.write(earlier)
+        out.write(b"==== this start ====\n")
+
+
 class MetricsWriter:
     """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard.
 

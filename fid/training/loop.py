@@ -24,7 +24,7 @@ from torch import nn
 
 from fid.config import ConfigError, TrainingConfig
 from fid.errors import InputError
-from fid.runtime import distributed
+from fid.runtime import distributed, slurm_job
 from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import (
     atomic_directory,
@@ -56,6 +56,7 @@ from fid.training.resume import (
     check_resume_inputs,
     saved_config,
 )
+from fid.training.stop_budget import StopBudget
 from fid.training.update import apply_update, finite_everywhere, stop_if_diverged
 
 logger = logging.getLogger(__name__)
@@ -206,6 +207,8 @@ def run_training(
     interval_start, interval_steps = time.perf_counter(), 0
     interval_finite = interval_skipped = skipped_in_a_row = 0
     last_save = time.monotonic()
+    # what a stop at SLURM's early signal costs, against its lead (fid.runtime.slurm_job)
+    budget = StopBudget(slurm_job.signal_lead_s() if rank == 0 else None)
     # rank 0's steps: a bar on a terminal, else a line (steps, rate, ETA, loss) at most every
     # FID_PROGRESS_INTERVAL_S seconds, also on a workflow job's console
     bar = progress_lines(
@@ -251,6 +254,7 @@ def run_training(
     try:
         with STOP_SIGNALS as signals:
             while progress.step < cfg.max_steps:
+                step_start = time.perf_counter()
                 batches = stream.take_step(cfg.gradient_accumulation_steps, rank, world_size)
 
                 def gradient_sync(last: bool):
@@ -281,6 +285,7 @@ def run_training(
                 progress.step += 1
                 interval_steps += 1
                 bar.update(1)
+                budget.step(time.perf_counter() - step_start)
 
                 final = progress.step == cfg.max_steps
                 if progress.step % cfg.log_every_steps == 0 or final:
@@ -306,7 +311,9 @@ def run_training(
                     memory.reset()
 
                 if final or (cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0):
+                    eval_start = time.perf_counter()
                     _evaluate(task, progress, metrics, amp, state_dir, sharded)
+                    budget.evaluation(time.perf_counter() - eval_start)
                 saved = False
                 timed = False
                 if cfg.save_every_minutes:
@@ -321,7 +328,9 @@ def run_training(
                     or timed
                     or (cfg.save_every_steps and progress.step % cfg.save_every_steps == 0)
                 ):
+                    save_start = time.perf_counter()
                     save()
+                    budget.save(time.perf_counter() - save_start)
                     saved = True
                     last_save = time.monotonic()
                 stop = distributed.any_rank(signals.received is not None, device)

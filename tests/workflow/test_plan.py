@@ -102,15 +102,24 @@ def test_gpu_layout_per_rule(tmp_path, name):
             for key, value in want.items():
                 if key == "threads":
                     assert job["threads"] == value, (rule, job)
+                elif key in ("signal_lead_s", "requeue_on_stop"):  # the workflow's, not sbatch's
+                    assert key not in job["resources"], (rule, key)
                 else:
                     assert job["resources"][key] == str(value), (rule, key, job["resources"])
             if "mpi" in want:
+                # every rank sees its node's GPUs (no --gpus-per-task: NVLink between ranks);
+                # training ranks learn the stop signal's lead and whether to requeue
+                exports = (
+                    f" --export=ALL,FID_SIGNAL_LEAD_S={want['signal_lead_s']},FID_SLURM_REQUEUE=1"
+                    if rule.startswith("train_") else ""
+                )  # fmt: skip
                 layout = (
                     f"srun --nodes={want['nodes']} --ntasks-per-node={want['tasks_per_node']} "
-                    f"--cpus-per-task={want['cpus_per_task']} --gpus-per-task=1 "
-                    f"--kill-on-bad-exit=1 fid --threads {want['cpus_per_task']} --log-file logs/"
+                    f"--cpus-per-task={want['cpus_per_task']} --kill-on-bad-exit=1{exports} "
+                    f"fid --threads {want['cpus_per_task']} --log-file logs/"
                 )
                 assert layout in job["shell"], job["shell"]
+                assert "--gpus-per-task" not in job["shell"]
                 assert job["threads"] == want["cpus_per_task"]
             elif "gres" in want:  # a one-GPU job: one plain process, its threads from config
                 assert "srun" not in job["shell"], job["shell"]
@@ -253,3 +262,65 @@ def test_the_demos_local_ranks_fit_the_gpus(tmp_path, monkeypatch, visible, laun
     jobs = planned_jobs(dry_run(tmp_path))
     for job in (j for j in jobs if j["rule"] in ("train_reader", "train_retriever")):
         assert job["shell"].startswith(launcher), job["shell"]
+
+
+class _JobResources(dict):
+    """A planned job's resources as the SLURM plugin reads them (`.get`, attributes; numbers
+    as numbers)."""
+
+    def __getattr__(self, name):
+        return self[name]
+
+
+def sbatch_line(job: dict, **settings) -> str:
+    """The sbatch command line snakemake-executor-plugin-slurm builds for a planned job, with
+    its own functions (what Executor.run_job calls, in that order)."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
+
+    resources = _JobResources(
+        {k: int(v) if v.isdigit() else v for k, v in job["resources"].items()}
+    )
+    planned = SimpleNamespace(resources=resources, threads=job["threads"])
+    validate_slurm_extra(planned)
+    partition = resources.get("slurm_partition")
+    params = dict(
+        run_uuid="RUN", slurm_logfile=f"logs/slurm/rule_{job['rule']}/%j.log",
+        comment_str=f"rule_{job['rule']}", account="",
+        partition=f"-p {partition}" if partition else "", workdir="",
+    )  # fmt: skip
+    options = dict(requeue=True, no_requeue=False, qos=None, reservation=None, **settings)
+    return get_submit_command(planned, params, SimpleNamespace(**options)) + set_gres_string(
+        planned
+    )
+
+
+def test_sbatch_and_srun_lines_carry_the_site_keys_and_the_stop_signal(tmp_path):
+    """nq.yaml's train_reader as the SLURM plugin submits it (its own functions): partition,
+    QoS, account, GPU type and the stop signal from the config, logs appended across
+    requeues; the srun line keeps every GPU of a node visible to its ranks."""
+    config = yaml.safe_load((ROOT / "config" / "nq.yaml").read_text())
+    config["resources"]["train_reader"].update(
+        qos="long", slurm_account="proj42", gres="gpu:h100.80gb:8", signal_lead_s=900,
+        requeue_on_stop=False,
+    )  # fmt: skip
+    path = tmp_path / "nq.yaml"
+    path.write_text(yaml.safe_dump(config))
+    jobs = planned_jobs(dry_run(tmp_path, "--configfile", str(path)))
+    train = next(j for j in jobs if j["rule"] == "train_reader")
+    line = sbatch_line(train)
+    print(f"\nsbatch: {line}\nsrun: {train['shell'][:train['shell'].index(' train-reader')]}")
+    for option in ("-p gpu", "--qos=long", "-t 2880", "--mem 480000", "--nodes=8", "--requeue",
+                   "--ntasks-per-node=8", "--cpus-per-task=8", "--signal=USR1@900",
+                   "--open-mode=append", "--gres=gpu:h100.80gb:8"):  # fmt: skip
+        assert f" {option}" in f"{line} ", (option, line)
+    assert train["resources"]["slurm_account"] == "proj42"
+    assert "--gpus-per-task" not in train["shell"]
+    assert " --export=ALL,FID_SIGNAL_LEAD_S=900,FID_SLURM_REQUEUE=0 fid " in train["shell"]
+    # a rule that is no training job gets no signal; every job appends to its SLURM log
+    score = next(j for j in jobs if j["rule"] == "score_passages")
+    assert "--signal" not in sbatch_line(score) and "--open-mode=append" in sbatch_line(score)
+    assert "FID_SIGNAL_LEAD_S" not in score["shell"]

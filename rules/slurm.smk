@@ -1,0 +1,145 @@
+"""SLURM: what the config's `resources` become on a cluster, checked before anything runs.
+
+- Training rules launched as srun tasks (`mpi: srun`) get SIGUSR1 `signal_lead_s` seconds
+  before their time limit (sbatch --signal=USR1@N, sent to the job's steps, the fid ranks:
+  not B:, which would reach only the batch shell, Snakemake's job step, and kill it); fid
+  stops at the end of its step with a checkpoint and, with `requeue_on_stop` (the default),
+  requeues its own job, which starts again with a fresh time limit and resumes.
+- Every job's SLURM log is appended to (--open-mode=append): a requeued job keeps its first
+  attempt's output.
+- Config-time checks of the SLURM keys (the plugin's own rules for slurm_extra, one rank per
+  GPU); at start, with the SLURM executor, each GPU job's layout against its partition
+  (fid.runtime.slurm_layout), before anything is submitted.
+"""
+
+import subprocess
+
+from fid.runtime.slurm_layout import (
+    gres_gpus,
+    layout_of,
+    layout_problems,
+    read_partitions,
+)
+
+TRAINING_RULES = ("train_reader", "train_retriever")
+SIGNAL_LEAD_S = (
+    600  # default: a t5-base step + dev evaluation + a ~3 GB checkpoint, with room
+)
+# what the plugin sets itself (refused in slurm_extra at every submission), and ours
+SLURM_EXTRA_OWNED = {
+    "--signal": "signal_lead_s",
+    "--open-mode": "(set by the workflow: logs are appended)",
+}
+WORKFLOW_ONLY_KEYS = ("threads", "processes", "signal_lead_s", "requeue_on_stop")
+
+
+def check_slurm_keys(rule_name, spec, merged):
+    """One rule's SLURM keys (`spec` its own entry, `merged` over resources.default)."""
+    key = f"resources.{rule_name}"
+    for flag in ("signal_lead_s", "requeue_on_stop"):
+        if flag in spec and rule_name not in (*TRAINING_RULES, "default"):
+            fail(f"{key}.{flag}", "only training jobs stop on a signal", "remove it")
+        if flag in spec and rule_name in TRAINING_RULES and "mpi" not in merged:
+            fail(
+                f"{key}.{flag}",
+                "the signal reaches fid only when its ranks are srun tasks (`mpi: srun`); "
+                "a job without, SLURM's signal would kill Snakemake's job step first",
+                "give the job mpi = srun (with nodes, tasks_per_node, cpus_per_task), or "
+                "remove the key",
+            )
+    lead = merged.get("signal_lead_s", SIGNAL_LEAD_S)
+    if (
+        rule_name in TRAINING_RULES
+        and "mpi" in merged
+        and lead >= 60 * merged.get("runtime", 0)
+    ):
+        fail(
+            f"{key}.signal_lead_s",
+            f"a stop signal {lead} s before the end of a {merged.get('runtime')}-minute job "
+            "comes before it starts",
+            "raise runtime, or lower signal_lead_s",
+        )
+    _, gpus = gres_gpus(merged.get("gres"))
+    if "mpi" in merged and gpus and merged.get("tasks_per_node") != gpus:
+        fail(
+            f"{key}.tasks_per_node",
+            f"{merged.get('tasks_per_node')} ranks per node for {gpus} GPUs per node "
+            f"(gres {merged['gres']!r}): fid runs one rank per GPU",
+            f"set tasks_per_node: {gpus}, or gres to gpu:{merged.get('tasks_per_node')}",
+        )
+    extra = merged.get("slurm_extra", "")
+    for flag, instead in SLURM_EXTRA_OWNED.items():
+        if re.search(rf"(^| ){flag}(=| |$)", extra):
+            fail(f"{key}.slurm_extra", f"{flag} has its own key", f"use {instead}")
+    try:
+        from snakemake_executor_plugin_slurm.validation import (
+            get_forbidden_slurm_options,
+        )
+    except ImportError:  # no SLURM plugin installed: nothing submits, nothing to check
+        return
+    for pattern, option in get_forbidden_slurm_options().items():
+        if re.search(pattern, extra):
+            fail(
+                f"{key}.slurm_extra",
+                f"the SLURM plugin sets the {option} itself and refuses it here",
+                "use the key for it: slurm_partition, slurm_account, qos, runtime, mem_mb, "
+                "nodes, tasks_per_node, cpus_per_task, threads, gres, constraint",
+            )
+
+
+for _rule, _spec in config["resources"].items():
+    check_slurm_keys(_rule, _spec, {**config["resources"]["default"], **_spec})
+
+
+def signal_lead(rule_name):
+    """Seconds before its time limit that a SLURM job of `rule_name` is sent SIGUSR1 (0: never)."""
+    r = _resources(rule_name)
+    if rule_name not in TRAINING_RULES or "mpi" not in r:
+        return 0
+    return r.get("signal_lead_s", SIGNAL_LEAD_S)
+
+
+def slurm_extra(rule_name):
+    """sbatch options beyond the plugin's keys: the config's, the stop signal, appended logs."""
+    r = _resources(rule_name)
+    extra = [r["slurm_extra"]] if r.get("slurm_extra") else []
+    if signal_lead(rule_name):
+        extra.append(f"--signal=USR1@{signal_lead(rule_name)}")
+    extra.append("--open-mode=append")
+    return " ".join(extra)
+
+
+def srun_exports(rule_name):
+    """What fid's ranks learn of the stop through the environment (srun --export)."""
+    lead = signal_lead(rule_name)
+    if not lead:
+        return ""
+    requeue = int(_resources(rule_name).get("requeue_on_stop", True))
+    return f" --export=ALL,FID_SIGNAL_LEAD_S={lead},FID_SLURM_REQUEUE={requeue}"
+
+
+def check_layouts_against_partitions():
+    """With the SLURM executor: every job about to be submitted fits its partition's nodes
+    (CPUs, memory, GPUs and their type, node count, MaxTime), else one error naming the rule
+    and the numbers, before the first submission. Where sinfo cannot be asked, a warning.
+    """
+    plugin = workflow.executor_plugin
+    if plugin is None or plugin.name != "slurm" or not workflow.is_main_process:
+        return
+    try:
+        groups = read_partitions()
+    except (OSError, subprocess.SubprocessError) as error:
+        logging.getLogger("fid").warning(
+            "could not ask sinfo for the partitions (%s): job layouts unchecked", error
+        )
+        return
+    rules = {job.rule.name for job in workflow.dag.needrun_jobs()}
+    for rule_name in sorted(rules - set(workflow._localrules)):
+        r = _resources(rule_name)
+        problems = layout_problems(layout_of(rule_name, r), groups)
+        if problems:
+            raise WorkflowError(
+                f"resources.{rule_name}: a job of this rule cannot run on this cluster, nothing "
+                f"was submitted: {'; '.join(problems)}. Hint: fix resources.{rule_name} (or "
+                "resources.default) in the config, or name another slurm_partition"
+            )
