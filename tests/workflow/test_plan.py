@@ -312,7 +312,7 @@ def test_sbatch_and_srun_lines_carry_the_site_keys_and_the_stop_signal(tmp_path)
     jobs = planned_jobs(dry_run(tmp_path, "--configfile", str(path)))
     train = next(j for j in jobs if j["rule"] == "train_reader")
     line = sbatch_line(train)
-    print(f"\nsbatch: {line}\nsrun: {train['shell'][:train['shell'].index(' train-reader')]}")
+    print(f"\nsbatch: {line}\nsrun: {train['shell'][: train['shell'].index(' train-reader')]}")
     for option in ("-p gpu", "--qos=long", "-t 2880", "--mem 480000", "--nodes=8", "--requeue",
                    "--ntasks-per-node=8", "--cpus-per-task=8", "--signal=USR1@900",
                    "--open-mode=append", "--gres=gpu:h100.80gb:8"):  # fmt: skip
