@@ -24,6 +24,7 @@ after the other, on the one test cluster.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import socket
 import subprocess
@@ -142,11 +143,18 @@ def test_slurm_profile_runs_the_demo_dag_and_survives_a_requeue(slurm, tmp_path)
     after = slurm.job(job)
     assert before["NumNodes"] == "2" and before["NumTasks"] == "4", before
     assert after["Restarts"] == "1" and after["JobState"] == "COMPLETED", after
-    # the second run (Snakemake rewrote the log) resumed the first one's checkpoint, as rank 0
-    # of the 4 srun tasks
+    # the second start resumed the first one's checkpoint, as rank 0 of the 4 srun tasks; the
+    # job's log (which Snakemake deletes before each start) holds both starts, numbered
     run_log = (workdir / "logs/train_reader/tiny/iter0/reader.log").read_text()
-    assert "resumed from" in run_log and "starting a new run" not in run_log, run_log[-3000:]
-    assert "rank 0 of 4 (slurm)" in run_log, run_log[-3000:]
+    earlier, _, this = run_log.partition("==== this start ====")
+    assert "==== earlier starts of this run" in earlier, run_log[-3000:]
+    assert f"SLURM job {job}, start 1" in earlier and "starting a new run" in earlier
+    assert f"SLURM job {job}, start 2 (requeued 1 time)" in this, run_log[-3000:]
+    assert "resumed from" in this and "starting a new run" not in this, run_log[-3000:]
+    assert "rank 0 of 4 (slurm)" in this, run_log[-3000:]
+    # the SLURM log of the job (--open-mode=append) keeps the first start's output too
+    slurm_log = next((workdir / "logs/slurm/rule_train_reader").rglob(f"{job}.log")).read_text()
+    assert slurm_log.count("Building DAG of jobs") >= 2, slurm_log[-3000:]
     # every job of the demo DAG ran, the report's inputs included
     report = workdir / "results" / "tiny" / "report"
     for name in ("exact_match.csv", "retrieval.csv", "exact_match.png", "retrieval_topk.png"):
@@ -235,11 +243,14 @@ def test_four_srun_tasks_on_two_nodes_equal_four_local_ranks(
     local_s = time.perf_counter() - started
 
     port = _free_port()
-    srun = f"srun {LAYOUT} --gpus-per-task=1 --kill-on-bad-exit=1"
+    # The workflow's srun line (rules/common.smk), started as the SLURM plugin's job step
+    # starts a rule's shell: with the job's SLURM_*/SRUN_* variables stripped but its id.
+    srun = f"srun {LAYOUT} --kill-on-bad-exit=1"
+    plugin_env = "env -u SLURM_NTASKS -u SLURM_NNODES -u SLURM_TASKS_PER_NODE -u SLURM_JOB_GPUS"
     script = _script(tmp_path / "ddp.sh", f"""set -euo pipefail
 # One line per task: where SLURM put it (checked by the test).
-{srun} bash -c 'echo "$SLURM_PROCID $SLURMD_NODENAME $SLURM_LOCALID ${{CUDA_VISIBLE_DEVICES:-}}"' > layout.txt
-{srun} {_fid(*args("slurm"))}
+{plugin_env} {srun} bash -c 'echo "$SLURM_PROCID $SLURMD_NODENAME $SLURM_LOCALID ${{CUDA_VISIBLE_DEVICES:-}}"' > layout.txt
+{plugin_env} {srun} {_fid(*args("slurm"))}
 """)  # fmt: skip
     log = tmp_path / "ddp.out"
     started = time.perf_counter()
@@ -259,7 +270,9 @@ def test_four_srun_tasks_on_two_nodes_equal_four_local_ranks(
     )
     assert [row[:3] for row in layout] == [("0", "fidnode1", "0"), ("1", "fidnode1", "1"),
                                            ("2", "fidnode2", "0"), ("3", "fidnode2", "1")], layout  # fmt: skip
-    assert {row[3] for row in layout} == {"0", "1"}, f"one fake GPU per task expected: {layout}"
+    # every rank sees all of its node's GPUs (NVLink/CUDA IPC between them: no per-task
+    # device cgroup from --gpus-per-task) and binds its own, cuda:LOCAL_RANK
+    assert {row[3] for row in layout} == {"0,1"}, f"each task should see both GPUs: {layout}"
     run_log = (tmp_path / "state-slurm" / "train.log").read_text()
     assert f"rank 0 of 4 (slurm) on cpu, master fidnode1:{port}" in run_log
 
@@ -407,3 +420,77 @@ exit $status
         assert got[which].keys() == tensors.keys()
         for name, tensor in tensors.items():
             assert torch.equal(got[which][name], tensor), f"{which}: {name}"
+
+
+def test_the_time_limit_signal_checkpoints_a_step_longer_than_killwait(
+    slurm, tmp_path, tiny_model_dir, toy_records
+):
+    """The workflow's training jobs: `--signal=USR1@LEAD` (to the job's steps, not B:) and the
+    ranks told to requeue. Each step of the first start takes 12 s, longer than the cluster's
+    KillWait (10 s): at the time limit's SIGTERM the step could not finish before SIGKILL. The
+    early signal comes while it trains; fid finishes its step, writes the checkpoint, requeues
+    its job, and the second start resumes and ends bitwise equal to an uninterrupted run. The
+    job's SLURM log (--open-mode=append, as the workflow submits) keeps both starts."""
+    train = write_json(tmp_path / "train.json", toy_records["train"][:40])
+    dev = write_json(tmp_path / "dev.json", toy_records["dev"][:3])
+    max_steps, step_s, lead_s, limit_min = 8, 12, 100, 3
+    config = _yaml(tmp_path / "train.yaml", dict(
+        n_passages=3, passage_max_tokens=32, batch_size_per_device=4, max_steps=max_steps,
+        lr=1e-3, warmup_steps=2, eval_every_steps=100, save_every_steps=100, log_every_steps=1,
+        eval_batch_size=3, max_new_tokens=3, precision="fp32", tensorboard=False, dropout=0.1,
+    ))  # fmt: skip
+
+    def args(name):
+        return ["train-reader", "--config", config, "--train", train, "--dev", dev,
+                "--init-model", tiny_model_dir, "--output", tmp_path / f"model-{name}",
+                "--state-dir", tmp_path / f"state-{name}"]  # fmt: skip
+
+    straight = subprocess.run([PYTHON, "-m", "fid", "--threads", "1", *map(str, args("straight"))],
+                              env=clean_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    state, log = tmp_path / "state-slurm", tmp_path / "job.out"
+    slow = [PYTHON, str(Path(__file__).parent / "slow_steps.py"), str(step_s), "--threads", "1"]
+    script = _script(tmp_path / "job.sh", f"""
+echo "job start, restart ${{SLURM_RESTART_COUNT:-0}}"
+srun --ntasks=1 --cpus-per-task=1 --export=ALL,FID_SIGNAL_LEAD_S={lead_s},FID_SLURM_REQUEUE=1 \\
+  {shlex.join([*slow, *map(str, args("slurm"))])}
+echo "fid exit status $?"
+""")  # fmt: skip
+    started = time.time()
+    job = slurm.sbatch(
+        script,
+        ["--ntasks=1", "--cpus-per-task=1", "--requeue", "--open-mode=append",
+         f"--time={limit_min}", f"--signal=USR1@{lead_s}", "--job-name=fid-time-limit",
+         f"--output={log}", f"--chdir={tmp_path}"],
+    )  # fmt: skip
+    held = slurm.wait(
+        job, lambda i: i["JobState"] == "PENDING" and int(i["Restarts"]) >= 1
+        or i["JobState"] in ENDED, 60 * limit_min + 60, log,
+    )  # fmt: skip
+    stopped_s = time.time() - started
+    assert held["JobState"] == "PENDING", f"not requeued: {held}\n{log.read_text()[-3000:]}"
+    slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
+    info = slurm.wait_ended(job, JOB_TIMEOUT_S, log)
+    job_log, run_log = log.read_text(), (state / "train.log").read_text()
+    print(f"\n[slurm] time limit {limit_min} min, signal {lead_s} s before: requeued after "
+          f"{stopped_s:.0f} s; whole job {time.time() - started:.0f} s")  # fmt: skip
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), (
+        f"{info}\n{job_log[-3000:]}"
+    )
+    # the first start stopped at the signal, well before the limit, after steps > KillWait
+    stop = re.search(r"stopping at step (\d+) on a signal", run_log)
+    assert stop and 0 < int(stop.group(1)) < max_steps, run_log[-3000:]
+    assert stopped_s < 60 * limit_min - 10, "the stop came at the time limit, not at the signal"
+    assert f"requeued SLURM job {job}" in run_log
+    assert f"resumed from {state / ('step-' + stop.group(1))}" in run_log
+    steps = [r for r in _records(state / "metrics.jsonl") if r["kind"] == "train"]
+    assert max(r["step_time_s"] for r in steps[: int(stop.group(1))]) > 10  # KillWait
+    assert f"SLURM job {job}, start 1" in run_log and f"SLURM job {job}, start 2" in run_log
+    # both starts in the job's SLURM log
+    assert "restart 0" in job_log and "restart 1" in job_log and "fid exit status 0" in job_log
+    want = load_file(tmp_path / "model-straight" / "model.safetensors")
+    got = load_file(tmp_path / "model-slurm" / "model.safetensors")
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 
+import pytest
 import yaml
 from workflow_helpers import ROOT, SAMPLES, snakemake, write_config
 
@@ -125,3 +126,51 @@ def test_a_shortlist_shorter_than_top_k_stops_before_the_index_is_built(tmp_path
     index = {"factory": "Flat", "rerank": True, "shortlist": 10}
     config = write_config(tmp_path / "c.yaml", DEMO, build_index=index)  # retrieve.top_k: 20
     _fails(tmp_path, config, "config key 'build_index.shortlist'", "retrieve.top_k = 20")
+
+
+_SLURM_MISTAKES = {
+    "tasks per node vs GPUs": (
+        "train_reader", {"tasks_per_node": 4},
+        ["config key 'resources.train_reader.tasks_per_node'", "4 ranks per node for 8 GPUs"],
+    ),
+    "GPU type with a dash": (
+        "train_reader", {"gres": "gpu:nvidia_a100-sxm4-80gb:8"},
+        ["gpu:nvidia_a100-sxm4-80gb:8", "does not match"],
+    ),
+    "QoS in slurm_extra": (
+        "train_reader", {"slurm_extra": "--qos=long"},
+        ["config key 'resources.train_reader.slurm_extra'", "quality of service"],
+    ),
+    "a signal in slurm_extra": (
+        "train_reader", {"slurm_extra": "--signal=USR1@60"},
+        ["config key 'resources.train_reader.slurm_extra'", "--signal has its own key"],
+    ),
+    "a signal for a job that does not train": (
+        "score_passages", {"signal_lead_s": 300},
+        ["config key 'resources.score_passages.signal_lead_s'", "only training jobs"],
+    ),
+    "a lead longer than the job": (
+        "train_reader", {"runtime": 5, "signal_lead_s": 600},
+        ["config key 'resources.train_reader.signal_lead_s'", "comes before it starts"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mistake", list(_SLURM_MISTAKES))
+def test_slurm_keys_are_checked_before_any_job(tmp_path, mistake):
+    """What the SLURM plugin would refuse at a submission (after other jobs ran), or what would
+    run badly on the cluster, is refused when the config is read, naming the key."""
+    rule, change, expected = _SLURM_MISTAKES[mistake]
+    nq = yaml.safe_load((ROOT / "config" / "nq.yaml").read_text())
+    nq["resources"][rule].update(change)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(nq))
+    _fails(tmp_path, tmp_path / "c.yaml", *expected)
+
+
+def test_a_stop_signal_needs_srun_ranks(tmp_path):
+    """The demo's training jobs are local ranks under one Snakemake job step: a signal to the
+    job's steps would reach Snakemake first, so the key is refused there."""
+    resources = yaml.safe_load(DEMO.read_text())["resources"]
+    resources["train_retriever"] = {**resources["train_retriever"], "signal_lead_s": 300}
+    config = write_config(tmp_path / "c.yaml", DEMO, resources=resources)
+    _fails(tmp_path, config, "resources.train_retriever.signal_lead_s", "srun tasks")

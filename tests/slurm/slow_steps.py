@@ -1,0 +1,27 @@
+"""`fid` whose every optimizer step first sleeps: a model whose step takes longer than SLURM's
+KillWait, without the CPU cost of one (the tests' cluster has 2 real cores).
+
+    python slow_steps.py SECONDS FID_ARGS...
+
+Only the first start of a SLURM job is slowed (SLURM_RESTART_COUNT unset or 0): the requeued
+start then finishes before the next early signal.
+"""
+
+import os
+import sys
+import time
+
+import fid.training.loop as loop
+from fid.cli import command
+
+if __name__ == "__main__":
+    seconds = float(sys.argv.pop(1))
+    if int(os.environ.get("SLURM_RESTART_COUNT") or 0) == 0:
+        real = loop.accumulate_gradients
+
+        def slow(*args, **kwargs):
+            time.sleep(seconds)
+            return real(*args, **kwargs)
+
+        loop.accumulate_gradients = slow
+    command()

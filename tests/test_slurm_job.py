@@ -1,0 +1,141 @@
+"""A training job under SLURM, as fid sees it: the layout against the cluster's partitions, the
+stop's measured cost against the signal's lead, the requeue, and logs that keep every start."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+
+import pytest
+
+from fid.runtime import slurm_job
+from fid.runtime.logs import copy_earlier_starts
+from fid.runtime.slurm_layout import gres_gpus, layout_of, layout_problems, parse_sinfo
+from fid.training.stop_budget import StopBudget
+
+# `sinfo -h -o "%P|%D|%c|%m|%G|%l"` of a cluster: a CPU default partition, typed GPU nodes
+SINFO = """cpu*|40|64|256000|(null)|2-00:00:00
+gpu|16|64|512000|gpu:a100:8(S:0-1)|3-00:00:00
+gpu|4|32|256000|gpu:v100:4|3-00:00:00
+short|8|64|512000|gpu:a100:8|1:00:00
+"""
+NQ_TRAIN_READER = {"nodes": 8, "tasks_per_node": 8, "gres": "gpu:8", "cpus_per_task": 8,
+                   "mpi": "srun", "mem_mb": 480000, "runtime": 2880}  # fmt: skip
+
+
+def test_sinfo_lines_become_node_groups():
+    groups = parse_sinfo(SINFO)
+    assert [(g.partition, g.default, g.nodes, g.cpus, g.mem_mb) for g in groups] == [
+        ("cpu", True, 40, 64, 256000), ("gpu", False, 16, 64, 512000),
+        ("gpu", False, 4, 32, 256000), ("short", False, 8, 64, 512000),
+    ]  # fmt: skip
+    assert groups[0].gpus == {} and groups[1].gpus == {"a100": 8} and groups[2].gpus == {"v100": 4}
+    assert groups[1].max_minutes == 3 * 24 * 60 and groups[3].max_minutes == 60
+    assert gres_gpus("gpu:8") == (None, 8) and gres_gpus("gpu:h100.80gb:4") == ("h100.80gb", 4)
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({}, None),  # nq.yaml's reader on 8 of the 16 A100 nodes
+        ({"slurm_partition": None}, "asks for GPUs but partition 'cpu' (the default"),
+        (
+            {"slurm_partition": "gpus"},
+            "partition 'gpus' does not exist (sinfo shows cpu, gpu, short)",
+        ),
+        (
+            {"nodes": 17},
+            "asks 17 node(s) with 64 CPUs, 480000 MB, 8 GPU(s) each; partition 'gpu' has 16",
+        ),
+        ({"gres": "gpu:v100:8"}, "8 GPU(s) of type v100 each; partition 'gpu' has 0 such node(s)"),
+        ({"cpus_per_task": 9}, "asks 8 node(s) with 72 CPUs"),
+        ({"mem_mb": 600000}, "600000 MB"),
+        (
+            {"slurm_partition": "short"},
+            "runtime 2880 min exceeds partition 'short''s MaxTime 60 min",
+        ),
+    ],
+)
+def test_a_layout_that_cannot_run_is_named_with_its_numbers(change, problem):
+    resources = {**NQ_TRAIN_READER, "slurm_partition": "gpu", **change}
+    resources = {k: v for k, v in resources.items() if v is not None}
+    problems = layout_problems(layout_of("train_reader", resources), parse_sinfo(SINFO))
+    if problem is None:
+        assert problems == []
+    else:
+        assert any(problem in p for p in problems), problems
+
+
+def test_a_cpu_job_fits_the_default_partition():
+    layout = layout_of("build_bm25", {"threads": 16, "mem_mb": 200000, "runtime": 1440})
+    assert layout_problems(layout, parse_sinfo(SINFO)) == []
+
+
+def test_a_stop_that_outgrows_the_lead_is_said_once_with_the_figure(caplog):
+    budget = StopBudget(lead_s=60)
+    with caplog.at_level(logging.WARNING, logger="fid.training.stop_budget"):
+        budget.step(5.0)
+        budget.save(20.0)  # 25 s: fits
+        assert not caplog.records
+        budget.evaluation(40.0)
+        budget.save(21.0)  # 5 + 40 + 21 = 66 s > 60 s
+        budget.save(21.0)
+    assert len(caplog.records) == 1, caplog.records
+    message = caplog.records[0].getMessage()
+    assert "needs up to 66 s" in message and "signal_lead_s to at least 82" in message
+    quiet = StopBudget(lead_s=None)  # no signal comes: nothing to say
+    quiet.step(1e6)
+    quiet.save(1e6)
+
+
+def test_the_job_says_which_start_it_is(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert slurm_job.describe() is None
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    assert slurm_job.describe() == "SLURM job 4242, start 1"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert slurm_job.describe() == "SLURM job 4242, start 3 (requeued 2 times)"
+    monkeypatch.setenv(slurm_job.SIGNAL_LEAD_ENV, "600")
+    assert slurm_job.signal_lead_s() == 600
+    monkeypatch.setenv(slurm_job.SIGNAL_LEAD_ENV, "0")
+    assert slurm_job.signal_lead_s() is None
+
+
+def _fake_scontrol(folder, status):
+    script = folder / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$@" >> "{folder}/calls"\necho nope >&2\nexit {status}\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return folder / "calls"
+
+
+@pytest.mark.parametrize(
+    "asked, status, requeued", [("1", 0, True), ("0", 0, False), ("1", 1, False)]
+)
+def test_rank_0_requeues_only_when_asked(tmp_path, monkeypatch, caplog, asked, status, requeued):
+    calls = _fake_scontrol(tmp_path, status)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv(slurm_job.REQUEUE_ENV, asked)
+    assert slurm_job.requeue_after_stop(is_main=False) is False
+    assert slurm_job.requeue_after_stop(is_main=True) is requeued
+    assert (calls.read_text() if calls.exists() else "") == ("requeue 77\n" if asked == "1" else "")
+    if status:
+        assert "scontrol requeue 77 failed: nope" in caplog.text
+
+
+def test_a_workflow_log_gets_the_earlier_starts(tmp_path):
+    run_log, job_log = tmp_path / "state" / "train.log", tmp_path / "job.log"
+    copy_earlier_starts(run_log, job_log)  # a first start: nothing earlier
+    assert not job_log.exists()
+    run_log.parent.mkdir()
+    run_log.write_text("start 1 line\nstopping at step 40 on a signal\npartial")
+    job_log.write_text("start 2 first line\n")
+    copy_earlier_starts(run_log, job_log)
+    assert job_log.read_text() == (
+        "start 2 first line\n"
+        f"==== earlier starts of this run (from {run_log}) ====\n"
+        "start 1 line\nstopping at step 40 on a signal\npartial\n"
+        "==== this start ====\n"
+    )
