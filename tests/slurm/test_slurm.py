@@ -494,3 +494,34 @@ echo "fid exit status $?"
     assert want.keys() == got.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
+
+
+def test_a_layout_the_cluster_cannot_hold_is_refused_before_any_submission(slurm, tmp_path):
+    """With the SLURM profile, a job asking more of a node than the partition's nodes have (3
+    GPUs on nodes of 2), or a partition that does not exist, stops the run before the first
+    sbatch: one error naming the rule and the numbers, nothing in the queue, nothing run."""
+    env = slurm.env(PATH=f"{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", HF_HUB_OFFLINE="1")
+    queued_before = slurm.run("squeue", "-h", "-o", "%i").split()
+    for change, expected in [
+        ({"tasks_per_node": 3, "gres": "gpu:3"},
+         "asks 2 node(s) with 3 CPUs, 1000 MB, 3 GPU(s) each; partition 'debug' (the default: "
+         "no slurm_partition) has 0 such node(s)"),
+        ({"slurm_partition": "gpu"}, "partition 'gpu' does not exist (sinfo shows debug)"),
+    ]:  # fmt: skip
+        config = _config(tmp_path / "config.yaml")
+        data = yaml.safe_load(config.read_text())
+        data["resources"]["train_reader"].update(change)
+        config.write_text(yaml.safe_dump(data))
+        workdir = tmp_path / "work"
+        result = subprocess.run(
+            [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+             "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(config),
+             "--slurm-no-account", "--jobs", "2"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        message = result.stdout + result.stderr
+        assert result.returncode != 0, message[-3000:]
+        assert "resources.train_reader: a job of this rule cannot run on this cluster" in message
+        assert expected in message, message[-3000:]
+        assert slurm.run("squeue", "-h", "-o", "%i").split() == queued_before
+        assert not (workdir / "results").exists() and not (workdir / "logs" / "slurm").exists()
