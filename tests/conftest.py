@@ -74,6 +74,17 @@ def write_json(path: Path, data) -> Path:
     return path
 
 
+def assert_same_weights(expected: Path, got: Path) -> None:
+    """Two exported models (their model.safetensors) hold bitwise equal tensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    want, have = load_file(expected), load_file(got)
+    assert want.keys() == have.keys()
+    for name in want:
+        assert torch.equal(want[name], have[name]), name
+
+
 def pytest_collection_modifyitems(config, items):
     """The longest test files first, so that make test's `pytest -n 2 --dist loadfile
     --no-loadscope-reorder` starts them at once, one per worker (xdist then hands out files in

@@ -11,8 +11,7 @@ import threading
 import pytest
 import torch
 import yaml
-from conftest import write_json
-from safetensors.torch import load_file
+from conftest import assert_same_weights, write_json
 
 from fid.cli import main
 from fid.training import checkpoint
@@ -191,11 +190,8 @@ def test_no_checkpoint_verifies_one_clear_error(runs, tmp_path, tiny_model_dir, 
 
 
 def _assert_same_weights(straight_root, resumed_root):
-    straight = load_file(straight_root / "model" / "model.safetensors")
-    resumed = load_file(resumed_root / "model" / "model.safetensors")
-    assert straight.keys() == resumed.keys()
-    for name in straight:
-        assert torch.equal(straight[name], resumed[name]), name
+    assert_same_weights(straight_root / "model" / "model.safetensors",
+                        resumed_root / "model" / "model.safetensors")  # fmt: skip
 
 
 def test_two_writers_of_latest_do_not_collide(tmp_path, monkeypatch):

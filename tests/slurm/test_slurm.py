@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import write_json
+from conftest import assert_same_weights, write_json
 from safetensors.torch import load_file
 
 from .conftest import ENDED, _unavailable, clean_env
@@ -489,11 +489,8 @@ echo "fid exit status $?"
     assert f"SLURM job {job}, start 1" in run_log and f"SLURM job {job}, start 2" in run_log
     # both starts in the job's SLURM log
     assert "restart 0" in job_log and "restart 1" in job_log and "fid exit status 0" in job_log
-    want = load_file(tmp_path / "model-straight" / "model.safetensors")
-    got = load_file(tmp_path / "model-slurm" / "model.safetensors")
-    assert want.keys() == got.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
+    assert_same_weights(tmp_path / "model-straight" / "model.safetensors",
+                        tmp_path / "model-slurm" / "model.safetensors")  # fmt: skip
 
 
 def test_a_layout_the_cluster_cannot_hold_is_refused_before_any_submission(slurm, tmp_path):
