@@ -164,6 +164,11 @@ class RetrieverTrainConfig(TrainingConfig):
         check_range("reader_temperature", self.reader_temperature, low=1e-6)
         check_range("retriever_temperature", self.retriever_temperature, low=1e-6)
         check_range("eval_batch_size", self.eval_batch_size, low=1)
+        if self.sharding == "fsdp":
+            raise ConfigError(
+                "sharding = 'fsdp' is refused for the retriever: its two BERT-size encoders fit "
+                "every GPU whole (FSDP shards the reader's T5 blocks); use 'ddp'"
+            )
         if not self.eval_k or any(k < 1 for k in self.eval_k):
             raise ConfigError(f"eval_k = {self.eval_k!r} is out of range: expected ranks >= 1")
         metrics = ("candidate_agreement", "candidate_answer_recall")

@@ -1,0 +1,147 @@
+"""Every precision x sharding x model x accumulation a CPU can run: 3 optimizer steps on 2 gloo
+ranks (one process for "none"), then a resume after a kill, bitwise equal to the run that was
+not interrupted; FSDP equal to DDP within fp32 round-off. What a CPU cannot run is refused with
+one error naming why (fp16 needs CUDA; fp16 + fsdp, and fsdp for the retriever, are refused
+everywhere).
+
+The kill: the run wrote a checkpoint after every step; everything after step 1 is deleted (the
+later checkpoints, the exported model, the finished record), which is the state folder a run
+killed right after step 1's checkpoint leaves. The rerun resumes from it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import write_json
+from safetensors.torch import load_file
+from test_distributed import launch
+
+from fid.cli import main
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+# sharding -> (ranks, the config's sharding knob)
+SHARDINGS = {"none": (1, "ddp"), "ddp": (2, "ddp"), "fsdp": (2, "fsdp")}
+WEIGHTS = {"reader": "model.safetensors", "retriever": "question_encoder/model.safetensors"}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, tiny_model_dir, toy_records):
+    """Reader and retriever data and start models, built once for the module."""
+    from fid.config import InitRetrieverConfig
+    from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
+
+    root = tmp_path_factory.mktemp("matrix")
+    records = []
+    for record in toy_records["train"][:16] + toy_records["dev"][:4]:
+        ctxs = [dict(c, reader_score=float(i)) for i, c in enumerate(record["ctxs"][:3])]
+        records.append(dict(record, ctxs=ctxs))
+    train = write_json(root / "train.json", records[:16])
+    dev = write_json(root / "dev.json", records[16:])
+    texts = [c["text"] for r in records for c in r["ctxs"]] + [r["question"] for r in records]
+    tokenizer = train_bert_tokenizer(texts, 300)
+    bert = InitRetrieverConfig(hidden_size=32, num_heads=4, intermediate_size=64)
+    build_tiny_bert(bert, len(tokenizer)).save_pretrained(root / "bert")
+    tokenizer.save_pretrained(root / "bert")
+    return {"root": root, "train": train, "dev": dev,
+            "reader": tiny_model_dir, "retriever": root / "bert"}  # fmt: skip
+
+
+def _config(path: Path, model: str, precision: str, sharding: str, accumulation: int) -> Path:
+    knobs = dict(
+        batch_size_per_device=2, gradient_accumulation_steps=accumulation, max_steps=STEPS,
+        lr=1e-3, warmup_steps=1, eval_every_steps=STEPS, save_every_steps=1,
+        keep_last_checkpoints=STEPS, log_every_steps=1, precision=precision, sharding=sharding,
+        tensorboard=False, n_passages=3, passage_max_tokens=32,
+    )  # fmt: skip
+    if model == "reader":
+        knobs.update(eval_batch_size=2, max_new_tokens=3, dropout=0.1)
+    else:
+        knobs.update(question_max_tokens=16, eval_k=[1, 2], select_on="candidate_agreement@1")
+    path.write_text(yaml.safe_dump(knobs))
+    return path
+
+
+def _train(inputs, model, config, output, state, ranks) -> None:
+    args = [f"train-{model}", "--config", config, "--train", inputs["train"], "--dev",
+            inputs["dev"], "--init-model", inputs[model], "--output", output, "--state-dir", state]  # fmt: skip
+    launch(args, ranks, inputs["root"])
+
+
+def _kill_after_step_1(output: Path, state: Path) -> None:
+    for step in range(2, STEPS + 1):
+        shutil.rmtree(state / f"step-{step}")
+    shutil.rmtree(output)
+    (state / "finished.json").unlink()
+    latest = state / "latest"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+        latest.symlink_to("step-1")
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("model", ["reader", "retriever"])
+def test_every_combination_resumes_bitwise_and_fsdp_equals_ddp(
+    inputs, tmp_path, model, precision, accumulation
+):
+    exported = {}
+    for name, (ranks, sharding) in SHARDINGS.items():
+        if model == "retriever" and sharding == "fsdp":
+            continue  # refused: test_refused_combinations
+        config = _config(tmp_path / f"{name}.yaml", model, precision, sharding, accumulation)
+        output, state = tmp_path / f"model-{name}", tmp_path / f"state-{name}"
+        _train(inputs, model, config, output, state, ranks)
+        straight = load_file(output / WEIGHTS[model])
+        _kill_after_step_1(output, state)
+        _train(inputs, model, config, output, state, ranks)
+        resumed = load_file(output / WEIGHTS[model])
+        assert straight.keys() == resumed.keys()
+        for key in straight:
+            assert torch.equal(straight[key], resumed[key]), (name, key)
+        log = (state / "train.log").read_text()
+        assert log.count("resumed from") == 1 and f"resumed from {state / 'step-1'}" in log, name
+        exported[name] = straight
+    if "fsdp" in exported:
+        for key, tensor in exported["ddp"].items():
+            torch.testing.assert_close(exported["fsdp"][key], tensor, atol=1e-5, rtol=1e-4,
+                                       msg=key)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model, precision, sharding, message",
+    [
+        (
+            "reader",
+            "fp16",
+            "ddp",
+            "precision = 'fp16' needs a CUDA device, but this job runs on cpu",
+        ),
+        (
+            "retriever",
+            "fp16",
+            "ddp",
+            "precision = 'fp16' needs a CUDA device, but this job runs on cpu",
+        ),
+        ("reader", "fp16", "fsdp", "precision = 'fp16' with sharding = 'fsdp' is refused"),
+        ("retriever", "fp32", "fsdp", "sharding = 'fsdp' is refused for the retriever"),
+    ],
+)
+def test_refused_combinations(inputs, tmp_path, capsys, model, precision, sharding, message):
+    """One clear error, exit 1, nothing written: in-process, one rank (the refusal comes before
+    any process group would matter)."""
+    config = _config(tmp_path / "c.yaml", model, precision, sharding, 1)
+    status = main([f"train-{model}", "--config", str(config), "--train", str(inputs["train"]),
+                   "--dev", str(inputs["dev"]), "--init-model", str(inputs[model]),
+                   "--output", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 1, err[-2000:]
+    assert message in err, err[-2000:]
+    assert "bug in fid" not in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
