@@ -490,3 +490,55 @@ def test_bad_rerank_knobs_are_config_errors(vectors):
         reranked.search(vectors[:2], 10)
     assert reranked.candidates_for(5) == 5
     assert reranked.candidates_for(1) == 5
+
+
+def _read_bytes() -> int:
+    """Bytes this process has fetched from storage (/proc/self/io), page cache hits excluded."""
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("read_bytes"))
+
+
+def _drop_from_cache(path) -> None:
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages would stay
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "posix_fadvise"), reason="needs posix_fadvise")
+def test_a_cold_search_reads_only_its_shortlisted_rows(tmp_path):
+    """One question against an index whose vectors.npy is not in the page cache (as on a
+    cluster's file system, or after the build's pages were evicted): at most 2 pages per
+    shortlisted passage are read, not the file (the kernel's read-ahead, without fid's
+    random-access hint, fetched megabytes for one row)."""
+    import mmap
+
+    n, d, shortlist, page = 40_000, 64, 100, mmap.PAGESIZE
+    data = unit_vectors(n, d, seed=5)
+    cfg = IndexConfig("IVF64,PQ8", nprobe=8, rerank=True, shortlist=shortlist)
+    build_passage_index(data, passage_ids(n), cfg, MODEL).save(tmp_path / "index")
+    vectors_file = tmp_path / "index" / "vectors.npy"
+    file_bytes = vectors_file.stat().st_size  # 5.1 MB
+
+    # The control: the kernel's read-ahead on a plain map of the cold file, one row touched.
+    _drop_from_cache(vectors_file)
+    before = _read_bytes()
+    float(np.load(vectors_file, mmap_mode="r")[n // 2, 0])
+    plain = _read_bytes() - before
+    if plain == 0:
+        pytest.skip(f"read_bytes does not count reads of {tmp_path} (tmpfs?)")
+    assert plain > 16 * page, plain  # read-ahead: more than the row's page
+
+    index = PassageIndex.load(tmp_path / "index")
+    _drop_from_cache(vectors_file)
+    before = _read_bytes()
+    _, ranked = index.search_rows(data[7:8], 10)
+    cold = _read_bytes() - before
+    assert ranked.rows[0][0] == 7
+    assert cold <= 2 * shortlist * page < file_bytes, (cold, 2 * shortlist * page, file_bytes)
+    print(f"\ncold search of one question: {cold / 1024:.0f} KiB read of a {file_bytes / 2**20:.1f} "
+          f"MiB vectors.npy (one row without the hint: {plain / 1024:.0f} KiB)")  # fmt: skip
