@@ -481,7 +481,7 @@ def test_bad_rerank_knobs_are_config_errors(vectors):
     assert RetrieveConfig(top_k=100, shortlist=100).shortlist == 100
 
     plain = build_passage_index(vectors[:300], passage_ids(300), IndexConfig("SQ8"), MODEL)
-    with pytest.raises(ConfigError, match=r"shortlist = 500 needs an index built with rerank"):
+    with pytest.raises(ConfigError, match=r"shortlist = 500 needs an index that re-ranks \(build_index.rerank: true"):
         plain.set_search_params(shortlist=500)
     reranked = build_passage_index(
         vectors[:300], passage_ids(300), IndexConfig("SQ8", rerank=True, shortlist=5), MODEL
@@ -542,3 +542,34 @@ def test_a_cold_search_reads_only_its_shortlisted_rows(tmp_path):
     assert cold <= 2 * shortlist * page < file_bytes, (cold, 2 * shortlist * page, file_bytes)
     print(f"\ncold search of one question: {cold / 1024:.0f} KiB read of a {file_bytes / 2**20:.1f} "
           f"MiB vectors.npy (one row without the hint: {plain / 1024:.0f} KiB)")  # fmt: skip
+
+
+@pytest.mark.parametrize("metric", ["inner_product", "l2"])
+def test_an_in_memory_refinement_with_every_passage_shortlisted_is_flat(tmp_path, vectors, metric):
+    """faiss's own refinement in RAM (factory "...,Refine(Flat)"), its shortlist from
+    `shortlist` (k_factor_rf): with every passage shortlisted and an exact refinement, the
+    top k are Flat's; saved and loaded, the same; no vectors.npy is written."""
+    queries = unit_vectors(40, D, seed=6)
+    cfg = IndexConfig("IVF16,PQ8,Refine(Flat)", metric=metric, nprobe=16, shortlist=N)
+    index = build_passage_index(vectors, passage_ids(N), cfg, MODEL)
+    assert index.refines_in_memory
+    flat = build_passage_index(vectors, passage_ids(N), IndexConfig(metric=metric), MODEL)
+    flat_scores, flat_ranked = flat.search_rows(queries, 20)
+    index.save(tmp_path / "index")
+    assert not (tmp_path / "index" / "vectors.npy").exists()
+    for searched in (index, PassageIndex.load(tmp_path / "index")):
+        scores, ranked = searched.search_rows(queries, 20)
+        np.testing.assert_array_equal(ranked.rows, flat_ranked.rows)
+        np.testing.assert_allclose(scores, flat_scores, rtol=1e-5, atol=1e-5)
+    # a short shortlist refines fewer candidates: the codes' misses stay missed
+    index.set_search_params(shortlist=20)
+    short = index.search_rows(queries, 20)[1].rows
+    assert (
+        np.mean([len(set(a) & set(b)) for a, b in zip(short, flat_ranked.rows, strict=True)]) < 20
+    )
+
+
+def test_rerank_on_a_refining_factory_is_refused(vectors):
+    cfg = IndexConfig("IVF16,PQ8,Refine(SQ8)", rerank=True)
+    with pytest.raises(ConfigError, match="refines its shortlist in RAM already"):
+        build_passage_index(vectors, passage_ids(N), cfg, MODEL)

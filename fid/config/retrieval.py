@@ -276,7 +276,11 @@ class IndexConfig:
             pointless for "Flat", which is exact already.
         shortlist: candidates per query fetched from the compressed index and re-scored when
             `rerank` (the default of every search; `retrieve.shortlist` overrides it). It must
-            be >= the passages wanted per query (retrieve.top_k).
+            be >= the passages wanted per query (retrieve.top_k). Also the shortlist of a
+            factory that refines in RAM: "OPQ32_256,IVF16384,PQ32,Refine(SQ8)" (or SQ4,
+            SQfp16, PQ<M>, RFlat) keeps refinement codes in the index and re-scores the
+            shortlist with them, no vectors.npy and no disk read per search (faiss's
+            k_factor = shortlist / top_k); not with `rerank`.
     """
 
     factory: str = "Flat"

@@ -148,16 +148,22 @@ class PassageIndex:
             ConfigError: for values out of range, or a shortlist for an index built without
                 `rerank` (it has no vectors to re-score with).
         """
-        if shortlist is not None and not self.cfg.rerank:
+        if shortlist is not None and not (self.cfg.rerank or self.refines_in_memory):
             raise ConfigError(
-                f"shortlist = {shortlist} needs an index built with rerank: true, but this "
-                f"{self.cfg.factory!r} index has no re-ranking vectors ({VECTORS_FILE}). Hint: "
-                "drop retrieve.shortlist, or rebuild with build_index.rerank: true"
+                f"shortlist = {shortlist} needs an index that re-ranks (build_index.rerank: "
+                f"true, or a factory ending in Refine(...)), but this {self.cfg.factory!r} index "
+                "does not. Hint: drop retrieve.shortlist, or rebuild the index"
             )
         changes = {"nprobe": nprobe, "ef_search": ef_search, "shortlist": shortlist}
         self.cfg = replace(self.cfg, **{k: v for k, v in changes.items() if v is not None})
 
-    def _apply_search_params(self) -> None:
+    @property
+    def refines_in_memory(self) -> bool:
+        """A faiss refinement index (factory "...,Refine(SQ8)", "...,RFlat"): the shortlist is
+        re-scored inside faiss from refinement codes held in RAM, no file read per search."""
+        return "k_factor_rf" in self._knobs
+
+    def _apply_search_params(self, k: int | None = None) -> None:
         # Stored on the index itself, so set them before every search: cheap, and `cfg` may
         # have changed since the last one.
         values = {
@@ -165,6 +171,9 @@ class PassageIndex:
             "efSearch": self.cfg.ef_search,
             "quantizer_efSearch": self.cfg.ef_search,
         }
+        if k is not None and self.refines_in_memory:
+            # faiss refines k x k_factor candidates of the base index: the shortlist
+            values["k_factor_rf"] = max(1.0, self.cfg.shortlist / k)
         for name, value in values.items():
             if name in self._knobs:
                 self._space.set_index_parameter(self.index, name, value)
@@ -176,7 +185,7 @@ class PassageIndex:
         Raises:
             ConfigError: with `rerank`, for a shortlist smaller than k.
         """
-        if not self.cfg.rerank:
+        if not (self.cfg.rerank or self.refines_in_memory):
             return min(k, self.count)
         if self.cfg.shortlist < min(k, self.count):
             raise ConfigError(
@@ -184,6 +193,8 @@ class PassageIndex:
                 "query: expected shortlist >= top_k (set retrieve.shortlist, or "
                 "build_index.shortlist for the index's default)"
             )
+        if self.refines_in_memory:
+            return min(k, self.count)  # faiss fetches the shortlist itself (k_factor_rf)
         return min(self.cfg.shortlist, self.count)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
@@ -219,7 +230,7 @@ class PassageIndex:
             raise ValueError(f"k = {k} is out of range: expected >= 1")
         fetch = self.candidates_for(k)
         k = min(k, self.count)
-        self._apply_search_params()
+        self._apply_search_params(fetch)
         # Exhaustive search uses faiss's BLAS kernel only for large query batches (faiss 1.15:
         # queries x D >= 128000); below that it is ~10x slower here (200 questions against
         # 100k passages: 1.9 s vs 0.18 s), so the BLAS path is forced for the call.

@@ -100,6 +100,11 @@ def build_passage_index(
         seconds,
     )
     vectors = None
+    if cfg.rerank and isinstance(faiss.downcast_index(index), faiss.IndexRefine):
+        raise ConfigError(
+            f"rerank: true with factory = {cfg.factory!r}: the index refines its shortlist "
+            "in RAM already (Refine/RFlat); drop rerank, or the refinement from the factory"
+        )
     if cfg.rerank:
         if cfg.factory.strip() == "Flat":
             logger.warning("rerank: true with factory = 'Flat': Flat is exact already")
