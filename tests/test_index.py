@@ -481,7 +481,10 @@ def test_bad_rerank_knobs_are_config_errors(vectors):
     assert RetrieveConfig(top_k=100, shortlist=100).shortlist == 100
 
     plain = build_passage_index(vectors[:300], passage_ids(300), IndexConfig("SQ8"), MODEL)
-    with pytest.raises(ConfigError, match=r"shortlist = 500 needs an index that re-ranks \(build_index.rerank: true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"shortlist = 500 needs an index that re-ranks \(build_index.rerank: true",
+    ):
         plain.set_search_params(shortlist=500)
     reranked = build_passage_index(
         vectors[:300], passage_ids(300), IndexConfig("SQ8", rerank=True, shortlist=5), MODEL

@@ -153,7 +153,10 @@ def test_bad_inputs(tmp_path, minilm, bm25_run, caplog, monkeypatch):
     plain.save(tmp_path / "plain_index")
     for config, message in [
         ("top_k: 20\nshortlist: 10\n", "shortlist = 10 is smaller than top_k = 20"),
-        ("top_k: 5\nshortlist: 10\n", "shortlist = 10 needs an index that re-ranks (build_index.rerank: true"),
+        (
+            "top_k: 5\nshortlist: 10\n",
+            "shortlist = 10 needs an index that re-ranks (build_index.rerank: true",
+        ),
     ]:
         (tmp_path / "knobs.yaml").write_text(config)
         assert _run("retrieve", "--config", tmp_path / "knobs.yaml", "--model", minilm,

@@ -89,14 +89,14 @@ def test_a_stop_that_outgrows_the_lead_is_said_once_with_the_figure(caplog):
     quiet.save(1e6)
 
 
-def test_the_job_says_which_start_it_is(monkeypatch):
+def test_the_job_says_which_slurm_job_it_is(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert slurm_job.describe() is None
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    assert slurm_job.describe() == "SLURM job 4242, start 1"
+    assert slurm_job.describe() == "SLURM job 4242"
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    assert slurm_job.describe() == "SLURM job 4242, start 3 (requeued 2 times)"
+    assert slurm_job.describe() == "SLURM job 4242, requeued 2 times"
     monkeypatch.setenv(slurm_job.SIGNAL_LEAD_ENV, "600")
     assert slurm_job.signal_lead_s() == 600
     monkeypatch.setenv(slurm_job.SIGNAL_LEAD_ENV, "0")

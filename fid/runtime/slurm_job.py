@@ -24,14 +24,16 @@ def job_id() -> str | None:
 
 
 def describe() -> str | None:
-    """ "SLURM job 1234, start 2 (requeued 1 time)", or None outside a job. SLURM counts the
-    restarts of a requeued job in SLURM_RESTART_COUNT; the job id stays the same."""
+    """ "SLURM job 1234" (", requeued 2 times" where SLURM says so), or None outside a job.
+    SLURM counts a requeued job's restarts in SLURM_RESTART_COUNT, which the workflow's ranks
+    do not see (the SLURM plugin's job step drops SLURM_* variables): the run numbers its
+    starts itself (fid.cli.commands)."""
     job = job_id()
     if job is None:
         return None
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    requeued = f" (requeued {restarts} time{'s' if restarts != 1 else ''})" if restarts else ""
-    return f"SLURM job {job}, start {restarts + 1}{requeued}"
+    requeued = f", requeued {restarts} time{'s' if restarts != 1 else ''}" if restarts else ""
+    return f"SLURM job {job}{requeued}"
 
 
 def signal_lead_s() -> float | None:

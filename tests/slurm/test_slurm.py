@@ -148,10 +148,10 @@ def test_slurm_profile_runs_the_demo_dag_and_survives_a_requeue(slurm, tmp_path)
     run_log = (workdir / "logs/train_reader/tiny/iter0/reader.log").read_text()
     earlier, _, this = run_log.partition("==== this start ====")
     assert "==== earlier starts of this run" in earlier, run_log[-3000:]
-    assert f"SLURM job {job}, start 1" in earlier and "starting a new run" in earlier
-    assert f"SLURM job {job}, start 2 (requeued 1 time)" in this, run_log[-3000:]
+    assert f"start 1 of this run (SLURM job {job})" in earlier and "starting a new run" in earlier
+    assert f"start 2 of this run (SLURM job {job})" in this, run_log[-3000:]
     assert "resumed from" in this and "starting a new run" not in this, run_log[-3000:]
-    assert "rank 0 of 4 (slurm)" in this, run_log[-3000:]
+    assert "rank 0 of 4 (slurm)" in run_log, run_log[-3000:]
     # the SLURM log of the job (--open-mode=append) keeps the first start's output too
     slurm_log = next((workdir / "logs/slurm/rule_train_reader").rglob(f"{job}.log")).read_text()
     assert slurm_log.count("Building DAG of jobs") >= 2, slurm_log[-3000:]
@@ -486,7 +486,8 @@ echo "fid exit status $?"
     assert f"resumed from {state / ('step-' + stop.group(1))}" in run_log
     steps = [r for r in _records(state / "metrics.jsonl") if r["kind"] == "train"]
     assert max(r["step_time_s"] for r in steps[: int(stop.group(1))]) > 10  # KillWait
-    assert f"SLURM job {job}, start 1" in run_log and f"SLURM job {job}, start 2" in run_log
+    assert f"start 1 of this run (SLURM job {job})" in run_log
+    assert f"start 2 of this run (SLURM job {job}, requeued 1 time)" in run_log
     # both starts in the job's SLURM log
     assert "restart 0" in job_log and "restart 1" in job_log and "fid exit status 0" in job_log
     assert_same_weights(tmp_path / "model-straight" / "model.safetensors",
