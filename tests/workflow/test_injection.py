@@ -154,7 +154,11 @@ def _base_config(workdir: Path) -> dict:
     config["pretrained"]["hub"] = {"model": "sentence-transformers/all-MiniLM-L6-v2"}
     config["eval_reader_accelerations"] = {"prune1": {"keep_passages": 1}}  # its names
     config["resources"]["default"].update(
-        slurm_partition="cpu", slurm_account="lab", slurm_extra="--qos=short", constraint="intel"
+        slurm_partition="cpu",
+        slurm_account="lab",
+        qos="short",
+        slurm_extra="--mail-type=END",
+        constraint="intel",
     )
     return config
 
