@@ -46,3 +46,33 @@ def test_units_hold_only_their_shards_between_their_forwards(one_rank_group, tin
     loss.backward()
     assert gathered() == []
     assert all(p.grad is not None for u in units for p in u.parameters())
+
+
+@pytest.mark.slow
+def test_memory_per_rank_falls_with_the_world_size(tmp_path):
+    """benchmarks/fsdp_memory.py at 1, 2 and 4 gloo ranks: each rank holds its share of the
+    sharded blocks plus the replicated tensors, for parameters, gradients and AdamW's two
+    states alike, and at most one block gathered at a time (training forward, generation)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "fsdp_memory.py"
+    out = tmp_path / "memory.json"
+    run = subprocess.run([sys.executable, str(script), "--small", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert sorted({(r["world"], r["rank"]) for r in rows}) == [
+        (1, 0), (2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (4, 3)
+    ]  # fmt: skip
+    whole = next(r["params_mb"] for r in rows if r["world"] == 1)
+    for r in rows:
+        expected = r["expected_params_mb"]  # sharded blocks / world + replicated
+        assert abs(r["params_mb"] - expected) <= 0.1 * expected, r
+        assert abs(r["grads_mb"] - expected) <= 0.1 * expected, r
+        assert abs(r["optimizer_mb"] - 2 * expected) <= 0.1 * 2 * expected, r
+        if r["world"] > 1:
+            assert r["params_mb"] < whole / r["world"] + r["replicated_mb"] * 1.1, r
+            assert r["gathered_in_training"] <= 2 and r["gathered_in_eval"] <= 2, r
