@@ -99,6 +99,9 @@ def _choices(d: int) -> dict[str, Choice]:
         "fastscan_rerank": Choice(f"{ivf},PQ{d // 4}x4fs", rerank=True, knobs=shortlists),
         "pca_sq8_rerank": Choice(f"PCAR{d // 6},{ivf},SQ8", rerank=True, knobs=shortlists),
         "hnsw": Choice("HNSW32", knobs=[{"ef_search": 128}, {"ef_search": 512}]),
+        # re-ranked in RAM by faiss from refinement codes (no vectors.npy, no disk reads)
+        "pq48_refine_sq8": Choice(f"{ivf},PQ{d // 8},Refine(SQ8)", knobs=shortlists),
+        "pq48_refine_sq4": Choice(f"{ivf},PQ{d // 8},Refine(SQ4)", knobs=shortlists),
     }
 
 
@@ -385,7 +388,11 @@ def extrapolate(results, flat, n: int) -> None:
 
 def _analogue(factory: str, d: int) -> tuple[str, float]:
     """The factory with the same bits per dimension at dimension d, and its bytes per passage
-    (codes + the 8-byte id each IVF list entry stores; HNSW: 2 x 32 links of 4 bytes)."""
+    (codes + the 8-byte id each IVF list entry stores; HNSW: 2 x 32 links of 4 bytes; an
+    in-RAM refinement adds its own codes: SQ8 d, SQ4 d/2, SQfp16 2d bytes)."""
+    if m := re.fullmatch(r"(.*),Refine\((SQ8|SQ4|SQfp16)\)", factory):
+        base, code = _analogue(m[1], d)
+        return f"{base},Refine({m[2]})", code + {"SQ8": d, "SQ4": d / 2, "SQfp16": 2 * d}[m[2]]
     scale = d / 384
     out = re.sub(r"IVF\d+", f"IVF{NLIST_21M}", factory)
     out = re.sub(r"OPQ(\d+)_(\d+)", lambda m: f"OPQ{int(int(m[1]) * scale)}_{d}", out)
