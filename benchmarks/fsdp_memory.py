@@ -24,6 +24,7 @@ import argparse
 import json
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -153,8 +154,8 @@ def main() -> None:
     else:
         dims = dict(d_model=1024, d_ff=4096, d_kv=128, num_heads=8, num_layers=4,
                     num_decoder_layers=4, vocab_size=8000)  # fmt: skip
-    out = (args.json or Path("fsdp_memory.json")).with_suffix(".part")
-    rows = run(args.worlds, dims, out)
+    with tempfile.TemporaryDirectory() as parts:  # each rank's row, until all are read
+        rows = run(args.worlds, dims, Path(parts) / "row")
     print(f"reader {dims}")
     print("world rank | params MB (expected) | grads MB | AdamW MB | units gathered train/eval "
           "| peak RSS above baseline MB")  # fmt: skip

@@ -103,8 +103,9 @@ def slurm_extra(rule_name):
     """sbatch options beyond the plugin's keys: the config's, the stop signal, appended logs."""
     r = _resources(rule_name)
     extra = [r["slurm_extra"]] if r.get("slurm_extra") else []
-    if signal_lead(rule_name):
-        extra.append(f"--signal=USR1@{signal_lead(rule_name)}")
+    lead = signal_lead(rule_name)
+    if lead:
+        extra.append(f"--signal=USR1@{lead}")
     extra.append("--open-mode=append")
     return " ".join(extra)
 

@@ -74,6 +74,29 @@ def write_json(path: Path, data) -> Path:
     return path
 
 
+def scored_retriever_inputs(
+    root: Path, records: dict, n_train: int, n_dev: int, n_ctxs: int
+) -> tuple[Path, Path, Path]:
+    """(train.json, dev.json, a tiny BERT folder) for `fid train-retriever` under `root`: the
+    first toy questions, each with its first `n_ctxs` passages scored by their rank (the
+    teacher's `reader_score`), and a BERT whose tokenizer learned their texts."""
+    from fid.config import InitRetrieverConfig
+    from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
+
+    scored = []
+    for record in records["train"][:n_train] + records["dev"][:n_dev]:
+        ctxs = [dict(c, reader_score=float(i)) for i, c in enumerate(record["ctxs"][:n_ctxs])]
+        scored.append(dict(record, ctxs=ctxs))
+    train = write_json(root / "train.json", scored[:n_train])
+    dev = write_json(root / "dev.json", scored[n_train:])
+    texts = [c["text"] for r in scored for c in r["ctxs"]] + [r["question"] for r in scored]
+    tokenizer = train_bert_tokenizer(texts, 300)
+    bert = InitRetrieverConfig(hidden_size=32, num_heads=4, intermediate_size=64)
+    build_tiny_bert(bert, len(tokenizer)).save_pretrained(root / "bert")
+    tokenizer.save_pretrained(root / "bert")
+    return train, dev, root / "bert"
+
+
 def assert_same_weights(expected: Path, got: Path) -> None:
     """Two exported models (their model.safetensors) hold bitwise equal tensors."""
     import torch

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import write_json
+from conftest import scored_retriever_inputs, write_json
 from safetensors.torch import load_file
 
 from fid.runtime.distributed import DistInfo, DistributedError, init_from_env
@@ -144,20 +144,7 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(
 
 @pytest.mark.slow
 def test_retriever_two_ranks_equal_one_process(tmp_path, toy_records):
-    from fid.config import InitRetrieverConfig
-    from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
-
-    records = []
-    for record in toy_records["train"][:8] + toy_records["dev"][:5]:
-        ctxs = [dict(c, reader_score=float(i)) for i, c in enumerate(record["ctxs"][:4])]
-        records.append(dict(record, ctxs=ctxs))
-    train = write_json(tmp_path / "train.json", records[:8])
-    dev = write_json(tmp_path / "dev.json", records[8:])
-    texts = [c["text"] for r in records for c in r["ctxs"]] + [r["question"] for r in records]
-    tokenizer = train_bert_tokenizer(texts, 300)
-    build_tiny_bert(InitRetrieverConfig(hidden_size=32, num_heads=4, intermediate_size=64),
-                   len(tokenizer)).save_pretrained(tmp_path / "bert")  # fmt: skip
-    tokenizer.save_pretrained(tmp_path / "bert")
+    train, dev, bert = scored_retriever_inputs(tmp_path, toy_records, 8, 5, 4)
     for world, batch in ((1, 4), (2, 2)):
         config = _yaml(tmp_path / f"r{world}.yaml", dict(
             batch_size_per_device=batch, max_steps=3, lr=1e-3, warmup_steps=1, eval_every_steps=3,
@@ -165,7 +152,7 @@ def test_retriever_two_ranks_equal_one_process(tmp_path, toy_records):
             passage_max_tokens=32, question_max_tokens=16, eval_k=[1, 2], select_on="candidate_agreement@1",
         ))  # fmt: skip
         launch(["train-retriever", "--config", config, "--train", train, "--dev", dev,
-                "--init-model", tmp_path / "bert", "--output", tmp_path / f"m{world}",
+                "--init-model", bert, "--output", tmp_path / f"m{world}",
                 "--state-dir", tmp_path / f"s{world}"], world, tmp_path)  # fmt: skip
     one = load_file(tmp_path / "m1/question_encoder/model.safetensors")
     two = load_file(tmp_path / "m2/question_encoder/model.safetensors")

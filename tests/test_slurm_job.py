@@ -127,12 +127,10 @@ def test_rank_0_requeues_only_when_asked(tmp_path, monkeypatch, caplog, asked, s
 
 def test_a_workflow_log_gets_the_earlier_starts(tmp_path):
     run_log, job_log = tmp_path / "state" / "train.log", tmp_path / "job.log"
-    copy_earlier_starts(run_log, job_log)  # a first start: nothing earlier
+    copy_earlier_starts(b"", run_log, job_log)  # a first start: nothing earlier
     assert not job_log.exists()
-    run_log.parent.mkdir()
-    run_log.write_text("start 1 line\nstopping at step 40 on a signal\npartial")
     job_log.write_text("start 2 first line\n")
-    copy_earlier_starts(run_log, job_log)
+    copy_earlier_starts(b"start 1 line\nstopping at step 40 on a signal\npartial", run_log, job_log)
     assert job_log.read_text() == (
         "start 2 first line\n"
         f"==== earlier starts of this run (from {run_log}) ====\n"

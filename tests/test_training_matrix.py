@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import write_json
+from conftest import scored_retriever_inputs
 from safetensors.torch import load_file
 from test_distributed import launch
 
@@ -34,23 +34,10 @@ WEIGHTS = {"reader": "model.safetensors", "retriever": "question_encoder/model.s
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, tiny_model_dir, toy_records):
     """Reader and retriever data and start models, built once for the module."""
-    from fid.config import InitRetrieverConfig
-    from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
-
     root = tmp_path_factory.mktemp("matrix")
-    records = []
-    for record in toy_records["train"][:16] + toy_records["dev"][:4]:
-        ctxs = [dict(c, reader_score=float(i)) for i, c in enumerate(record["ctxs"][:3])]
-        records.append(dict(record, ctxs=ctxs))
-    train = write_json(root / "train.json", records[:16])
-    dev = write_json(root / "dev.json", records[16:])
-    texts = [c["text"] for r in records for c in r["ctxs"]] + [r["question"] for r in records]
-    tokenizer = train_bert_tokenizer(texts, 300)
-    bert = InitRetrieverConfig(hidden_size=32, num_heads=4, intermediate_size=64)
-    build_tiny_bert(bert, len(tokenizer)).save_pretrained(root / "bert")
-    tokenizer.save_pretrained(root / "bert")
+    train, dev, bert = scored_retriever_inputs(root, toy_records, 16, 4, 3)
     return {"root": root, "train": train, "dev": dev,
-            "reader": tiny_model_dir, "retriever": root / "bert"}  # fmt: skip
+            "reader": tiny_model_dir, "retriever": bert}  # fmt: skip
 
 
 def _config(path: Path, model: str, precision: str, sharding: str, accumulation: int) -> Path:

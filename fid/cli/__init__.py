@@ -102,10 +102,9 @@ def _run(args: argparse.Namespace) -> int:
         # The checkpoint is written: a SIGTERM from now on (SLURM sends one to the job's tasks
         # on requeue) must not turn the clean exit into a kill.
         STOP_SIGNALS.ignore()
-        from fid.runtime import distributed as dist_state
         from fid.runtime import slurm_job
 
-        if slurm_job.requeue_after_stop(dist_state.is_main()):
+        if slurm_job.requeue_after_stop(is_main=info.rank == 0):
             logger.warning("%s: exit %d, the job resumes when SLURM starts it again",
                            stop, EXIT_PREEMPTED)  # fmt: skip
         else:

@@ -79,24 +79,16 @@ def _log_every_start(state_dir: Path, log_file: Path | None, logged_there: bool)
     from fid.runtime.logs import add_log_file, copy_earlier_starts
 
     run_log = state_dir / "train.log"
-    start = 1 + _starts_logged(run_log)
+    earlier = run_log.read_bytes() if run_log.is_file() else b""  # read once, at the start
+    start = 1 + len(re.findall(rb" fid: start \d+ of this run", earlier))
     if log_file is not None:
         if distributed.is_main():
-            copy_earlier_starts(run_log, Path(log_file))
+            copy_earlier_starts(earlier, run_log, Path(log_file))
         add_log_file(run_log)
     elif not logged_there:
         add_log_file(run_log)
     where = slurm_job.describe()
     logger.info("start %d of this run%s", start, f" ({where})" if where else "")
-
-
-def _starts_logged(run_log: Path) -> int:
-    """How many starts of the run its own log records ("start N of this run" lines)."""
-    try:
-        text = run_log.read_text(errors="replace")
-    except FileNotFoundError:
-        return 0
-    return len(re.findall(r" fid: start \d+ of this run", text))
 
 
 # ---------------------------------------------------------------- data

@@ -179,11 +179,12 @@ class PassageIndex:
                 self._space.set_index_parameter(self.index, name, value)
 
     def candidates_for(self, k: int) -> int:
-        """How many passages a search for the k best fetches from the faiss index per query:
-        min(k, count), or with `rerank` min(shortlist, count).
+        """How many passages a search for the k best asks the faiss index for per query:
+        min(k, count), or with `rerank` min(shortlist, count) (an index that refines in RAM
+        fetches its shortlist itself and returns k).
 
         Raises:
-            ConfigError: with `rerank`, for a shortlist smaller than k.
+            ConfigError: with a shortlist (`rerank`, or a refining factory) smaller than k.
         """
         if not (self.cfg.rerank or self.refines_in_memory):
             return min(k, self.count)

@@ -83,13 +83,9 @@ def add_log_file(file: str | Path) -> None:
     logging.getLogger().addHandler(handler)
 
 
-def copy_earlier_starts(run_log: Path, log_file: Path) -> None:
-    """Appends the earlier starts of a run (its own log, `run_log`) to `log_file`, between two
-    marker lines; nothing when the run has not started before."""
-    try:
-        earlier = run_log.read_bytes()
-    except FileNotFoundError:
-        return
+def copy_earlier_starts(earlier: bytes, run_log: Path, log_file: Path) -> None:
+    """Appends the earlier starts of a run (`earlier`: its own log `run_log`, read as the new
+    start begins) to `log_file`, between two marker lines; nothing when there are none."""
     if not earlier.strip():
         return
     if not earlier.endswith(b"\n"):  # a start killed mid-line
