@@ -7,7 +7,6 @@ the input functions of the training rules, for rules/*.smk.
 
 import json
 import logging
-import os
 import re
 from pathlib import Path
 
