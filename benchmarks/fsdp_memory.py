@@ -3,17 +3,19 @@
     python benchmarks/fsdp_memory.py                      # d_model 1024, 4+4 layers
     python benchmarks/fsdp_memory.py --small --json m.json  # what tests/test_sharding.py runs
 
-A reader wide enough that parameters dominate. Each rank builds the same model (same seed),
-shards its T5 blocks as `fid train-reader` does (world > 1), and runs one AdamW step and one
-greedy generation (dev evaluation). Counted on each rank, as the bytes of the tensors it holds
-(a DTensor counts its local shard):
-- params / grads / optimizer states after the step (the step's end is where all three exist;
-  during the backward a unit's gathered weights come on top, counted below);
+A reader wide enough that parameters dominate, saved once as a model folder. Each rank lives
+through what `fid train-reader` does with it: the start reader built (world > 1: sharded from
+the meta device, each rank reading its own slices: fid.training.sharded_weights; world 1: the
+whole model, as an unsharded run loads it), one AdamW step, one greedy generation (dev
+evaluation), a checkpoint written and read back, and the model exported. Counted on each rank:
+- params / grads / optimizer states after the step, as the bytes of the tensors the rank holds
+  (a DTensor counts its local shard); during the backward a unit's gathered weights come on
+  top, counted below;
 - units gathered at once: the most T5 blocks holding full (unsharded) weights at any moment of
   the training forward and of the generation, seen from forward hooks;
 - expected: the sharded blocks' total / world + the replicated tensors (embedding, final norms);
-- peak RSS above the process's RSS before the model was built (VmHWM - VmRSS), which also sees
-  the model built whole before it is sharded (every rank loads the full model today).
+- peak RSS above the process's RSS before the model was built, for each phase (VmHWM reset
+  through /proc/self/clear_refs at its start) and over the whole run.
 
 Prints one table; `--json` writes the rows.
 """
@@ -21,7 +23,9 @@ Prints one table; `--json` writes the rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import socket
 import sys
 import tempfile
@@ -33,11 +37,17 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fid.config import InitReaderConfig  # noqa: E402
-from fid.demo.tiny_models import build_tiny_t5  # noqa: E402
-from fid.models.reader import FiDReader  # noqa: E402
+from fid.config import InitReaderConfig, ReaderTrainConfig  # noqa: E402
+from fid.demo.tiny_models import build_tiny_t5, train_tokenizer  # noqa: E402
 from fid.training import sharding  # noqa: E402
+from fid.training.checkpoint import (  # noqa: E402
+    TrainingProgress,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fid.training.optim import build_optimizer  # noqa: E402
+from fid.training.reader import build_start_reader  # noqa: E402
+from fid.training.sharded_weights import export_weights_from_shards  # noqa: E402
 
 MB = 2**20
 
@@ -80,65 +90,121 @@ class GatheredUnits:
         self.most = max(self.most, full)
 
 
-def _rank(rank: int, world: int, port: int, dims: dict, out: str) -> None:
+PHASES = ("load", "train_step", "evaluation", "checkpoint_save", "checkpoint_load", "export")
+
+
+class PhasePeaks:
+    """Peak RSS above the baseline in each phase: VmHWM is reset as a phase starts."""
+
+    def __init__(self):
+        self.baseline_kb = _status_kb("VmRSS")
+        self.mb: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        yield
+        dist.barrier()
+        self.mb[name] = (_status_kb("VmHWM") - self.baseline_kb) / 1024
+
+
+def _full_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)  # a DTensor's numel is the full one
+
+
+def _rank(rank: int, world: int, port: int, dims: dict, folder: str, scratch: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
-    baseline_kb = _status_kb("VmRSS")
-    torch.manual_seed(0)
-    config = InitReaderConfig(**dims)
-    reader = FiDReader(build_tiny_t5(config, dims["vocab_size"]), encoder_buckets=1)
-    units = reader.fsdp_units()
-    whole = _bytes(reader.parameters())
-    sharded_total = _bytes(p for u in units for p in u.parameters())
+    scratch = Path(scratch)
+    peaks = PhasePeaks()
+    cfg = ReaderTrainConfig(sharding="fsdp", encoder_buckets=1)
+    with peaks.phase("load"):
+        reader, _ = build_start_reader(folder, cfg, torch.device("cpu"))
+        units = reader.fsdp_units()
+        replicated = sharding.shard(reader, units) if world > 1 else list(reader.parameters())
+        optimizer = build_optimizer(reader, 1e-4, 0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    whole = _full_bytes(reader.parameters())
+    sharded_total = _full_bytes(p for u in units for p in u.parameters())
     replicated_bytes = whole - sharded_total  # embedding (tied LM head), final norms
-    replicated = list(reader.parameters())
-    if world > 1:
-        replicated = sharding.shard(reader, units)
     gathered = GatheredUnits(units)
-    optimizer = build_optimizer(reader, 1e-4, 0.0)
 
+    torch.manual_seed(1)
     ids = torch.randint(3, dims["vocab_size"], (2, 2, 16))
     mask = torch.ones_like(ids)
     labels = torch.randint(3, dims["vocab_size"], (2, 4))
-    reader.train()
-    reader(ids, mask, labels=labels).loss.backward()
+    with peaks.phase("train_step"):
+        reader.train()
+        reader(ids, mask, labels=labels).loss.backward()
+        if world > 1:
+            sharding.average_replicated_gradients(replicated)
+        optimizer.step()
+        scheduler.step()
     train_gathered = gathered.most
-    if world > 1:
-        sharding.average_replicated_gradients(replicated)
-    optimizer.step()
     params = _bytes(reader.parameters())
     grads = _bytes(p.grad for p in reader.parameters() if p.grad is not None)
     states = _optimizer_bytes(optimizer)
     gathered.most = 0
-    reader.eval()
-    with torch.no_grad():
-        reader.generate(ids, mask, 4)
+    with peaks.phase("evaluation"):
+        reader.eval()
+        with torch.no_grad():
+            reader.generate(ids, mask, 4)
     eval_gathered = gathered.most
+
+    checkpoint = scratch / "checkpoint"
+    with peaks.phase("checkpoint_save"):
+        if world > 1:
+            sharding.save_sharded(checkpoint, reader, optimizer)
+        else:
+            progress = TrainingProgress(step=1)
+            saved = save_checkpoint(scratch, reader, optimizer, scheduler, None, progress, {}, 1)
+    with peaks.phase("checkpoint_load"):
+        if world > 1:
+            sharding.load_sharded(checkpoint, reader, optimizer)
+        else:
+            load_checkpoint(saved, reader, optimizer, scheduler, None)
+    with peaks.phase("export"):
+        (scratch / "export").mkdir(exist_ok=True)
+        if world > 1:
+            export_weights_from_shards(reader.t5, scratch / "export")
+        else:
+            reader.save_pretrained(scratch / "export")
+
     expected = sharded_total / world + replicated_bytes
     row = dict(
         world=world, rank=rank, params_mb=params / MB, grads_mb=grads / MB,
         optimizer_mb=states / MB, expected_params_mb=expected / MB, whole_model_mb=whole / MB,
-        replicated_mb=replicated_bytes / MB, units=len(units), gathered_in_training=train_gathered, gathered_in_eval=eval_gathered,
-        peak_rss_above_baseline_mb=(_status_kb("VmHWM") - baseline_kb) / 1024,
+        replicated_mb=replicated_bytes / MB, units=len(units), gathered_in_training=train_gathered,
+        gathered_in_eval=eval_gathered, peak_rss_mb=peaks.mb,
+        peak_rss_above_baseline_mb=max(peaks.mb.values()),
     )  # fmt: skip
-    with open(f"{out}.{world}.{rank}", "w") as file:
-        json.dump(row, file)
+    (scratch / f"row.{rank}.json").write_text(json.dumps(row))
     dist.destroy_process_group()
 
 
-def run(worlds: list[int], dims: dict, out: Path) -> list[dict]:
+def _save_start_model(dims: dict, folder: Path) -> None:
+    torch.manual_seed(0)
+    build_tiny_t5(InitReaderConfig(**dims), dims["vocab_size"]).save_pretrained(folder)
+    texts = ["who wrote the book", "the book was written in 1901 by a writer"]
+    train_tokenizer(texts, vocab_size=100).save_pretrained(folder)
+
+
+def run(worlds: list[int], dims: dict, root: Path) -> list[dict]:
+    folder = root / "start_model"
+    _save_start_model(dims, folder)
     rows = []
     for world in worlds:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        mp.spawn(_rank, args=(world, port, dims, str(out)), nprocs=world, join=True)
-        for rank in range(world):
-            part = Path(f"{out}.{world}.{rank}")
-            rows.append(json.loads(part.read_text()))
-            part.unlink()
+        scratch = root / f"world{world}"
+        scratch.mkdir()
+        args = (world, port, dims, str(folder), str(scratch))
+        mp.spawn(_rank, args=args, nprocs=world, join=True)
+        rows += [json.loads((scratch / f"row.{rank}.json").read_text()) for rank in range(world)]
+        shutil.rmtree(scratch)
     return rows
 
 
@@ -154,16 +220,17 @@ def main() -> None:
     else:
         dims = dict(d_model=1024, d_ff=4096, d_kv=128, num_heads=8, num_layers=4,
                     num_decoder_layers=4, vocab_size=8000)  # fmt: skip
-    with tempfile.TemporaryDirectory() as parts:  # each rank's row, until all are read
-        rows = run(args.worlds, dims, Path(parts) / "row")
+    with tempfile.TemporaryDirectory() as root:  # the start model, checkpoints, exports
+        rows = run(args.worlds, dims, Path(root))
     print(f"reader {dims}")
     print("world rank | params MB (expected) | grads MB | AdamW MB | units gathered train/eval "
-          "| peak RSS above baseline MB")  # fmt: skip
+          "| peak RSS above baseline MB: " + " / ".join(PHASES) + " | all")  # fmt: skip
     for r in rows:
         print(f"{r['world']:5d} {r['rank']:4d} | {r['params_mb']:8.1f} ({r['expected_params_mb']:6.1f})"
               f" | {r['grads_mb']:8.1f} | {r['optimizer_mb']:8.1f} | "
               f"{r['gathered_in_training']}/{r['gathered_in_eval']} of {r['units']} | "
-              f"{r['peak_rss_above_baseline_mb']:8.1f}")  # fmt: skip
+              + " / ".join(f"{r['peak_rss_mb'][p]:.0f}" for p in PHASES)
+              + f" | {r['peak_rss_above_baseline_mb']:.0f}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

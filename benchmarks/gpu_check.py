@@ -274,10 +274,17 @@ assert distributed.all_gather_objects({"x": 1}) == [{"x": 1}]
 assert distributed.broadcast_object(3) == 3 and distributed.sum_over_ranks([2.0], device) == [2.0]
 assert distributed.any_rank(True, device) and not distributed.main_rank_flag(False, device)
 distributed.barrier()
-from fid.models.loading import load_reader
+import tempfile
+from pathlib import Path
+from safetensors.torch import load_file
+from fid.config import ReaderTrainConfig
 from fid.training import sharding
-reader, _ = load_reader(sys.argv[1], 2, True)
-reader.to(device).train()
+from fid.training.reader import build_start_reader
+from fid.training.sharded_weights import export_weights_from_shards
+# as fid train-reader builds it: with more than one rank, sharded from the meta device, each
+# rank reading its own slices of the start weights
+reader, _ = build_start_reader(sys.argv[1], ReaderTrainConfig(sharding="fsdp", encoder_buckets=2), device)
+reader.train()
 units = reader.fsdp_units()
 replicated = sharding.shard(reader, units)
 ids = torch.randint(3, 400, (2, 3, 16), device=device)
@@ -286,11 +293,13 @@ loss.backward()
 sharding.average_replicated_gradients(replicated)
 norm = sharding.clip_grad_norm([p for p in reader.parameters()], 1.0)
 torch.optim.AdamW(reader.parameters(), lr=1e-3).step()
-full = sharding.full_state_dict(reader)
+export = Path(distributed.broadcast_object(tempfile.mkdtemp() if distributed.is_main() else None))
+export_weights_from_shards(reader.t5, export)  # each rank its shards, rank 0 assembles the file
+full = load_file(export / "model.safetensors") if distributed.is_main() else {"-": torch.zeros(1)}
 assert full and all(torch.isfinite(v).all() for v in full.values())
 dist.destroy_process_group()
 print(f"{backend}: collectives ok; FSDP ({len(units)} units) step, loss {float(loss):.3f}, "
-      f"grad norm {float(norm):.3f}, full state dict of {len(full)} tensors")
+      f"grad norm {float(norm):.3f}, exported {len(full)} tensors")
 """
 
 # A reader training step at t5-base shape (small: tiny), N = 100 passages x 250 tokens, bf16:

@@ -73,6 +73,8 @@ def test_memory_per_rank_falls_with_the_world_size(tmp_path):
         assert abs(r["params_mb"] - expected) <= 0.1 * expected, r
         assert abs(r["grads_mb"] - expected) <= 0.1 * expected, r
         assert abs(r["optimizer_mb"] - 2 * expected) <= 0.1 * 2 * expected, r
+        assert set(r["peak_rss_mb"]) == {"load", "train_step", "evaluation",
+                                         "checkpoint_save", "checkpoint_load", "export"}  # fmt: skip
         if r["world"] > 1:
             assert r["params_mb"] < whole / r["world"] + r["replicated_mb"] * 1.1, r
             assert r["gathered_in_training"] <= 2 and r["gathered_in_eval"] <= 2, r

@@ -7,7 +7,7 @@ import contextlib
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, T5ForConditionalGeneration
+from transformers import AutoConfig, AutoTokenizer, T5ForConditionalGeneration
 from transformers.utils import logging as transformers_logging
 
 from fid.models.folder_checks import ModelFolderError, check_retriever
@@ -60,6 +60,63 @@ def load_t5(name_or_path: str, dropout: float | None = None) -> T5ForConditional
     if settings.cross_attention_every > 1:
         return _layer_sparse_t5(name_or_path, settings.cross_attention_every, overrides)
     return T5ForConditionalGeneration.from_pretrained(name_or_path, **overrides)
+
+
+def reader_skeleton(
+    name_or_path: str,
+    encoder_buckets: int,
+    pack_passages: bool,
+    dropout: float | None = None,
+    *,
+    light_tokens: int | None = None,
+    cross_attention_every: int | None = None,
+) -> tuple[FiDReader, object, Path] | None:
+    """The reader `load_reader` builds, with its parameters on the meta device (no memory),
+    its tokenizer, and the folder whose safetensors hold its weights; None where the weights
+    are in no safetensors file (then only the whole model can be loaded).
+
+    For FSDP: the caller shards the skeleton, then each rank reads only its own slices
+    (fid.training.sharded_weights), so no rank ever holds the whole model.
+    """
+    folder = weights_folder(name_or_path)
+    if folder is None:
+        return None
+    overrides = {} if dropout is None else {"dropout_rate": dropout}
+    settings = ReaderSettings.load(folder) if Path(name_or_path).is_dir() else ReaderSettings()
+    config = AutoConfig.from_pretrained(name_or_path, **overrides)
+    with torch.device("meta"):
+        t5 = T5ForConditionalGeneration(config)
+        if settings.cross_attention_bias:
+            add_cross_attention_bias(t5, torch.empty(_tensor_shape(folder, CROSS_ATTENTION_BIAS)))
+        elif settings.cross_attention_every > 1:
+            remove_cross_attention(t5, settings.cross_attention_every)
+        reader = FiDReader(
+            t5, encoder_buckets, pack_passages, light_tokens=light_tokens,
+            cross_attention_every=cross_attention_every,
+        )  # fmt: skip
+    return reader, AutoTokenizer.from_pretrained(name_or_path), folder
+
+
+def weights_folder(name_or_path: str) -> Path | None:
+    """The local folder holding a model's safetensors: the folder itself, or a hub model's
+    cached snapshot (its safetensors and config only); None where it has none."""
+    folder = Path(name_or_path)
+    if not folder.is_dir():
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(name_or_path, allow_patterns=["*.safetensors", "*.json"]))
+    return folder if any(folder.glob("*.safetensors")) else None
+
+
+def _tensor_shape(folder: Path, key: str) -> tuple[int, ...]:
+    """A tensor's shape, from the safetensors header (nothing else is read)."""
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            if key in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                return tuple(handle.get_slice(key).get_shape())
+    raise ModelFolderError(f"{folder}: no {key}, but {READER_SETTINGS_FILE} says it has one")
 
 
 def _layer_sparse_t5(name_or_path: str, every: int, overrides: dict) -> T5ForConditionalGeneration:

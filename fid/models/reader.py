@@ -120,14 +120,16 @@ class FiDReader(nn.Module):
         self.pack_passages = pack_passages and not bias
         self.light_tokens = light_tokens
 
-    def save_pretrained(self, path, state_dict: dict | None = None) -> None:
-        """Saves the wrapped T5 as a plain Hugging Face model (safetensors).
+    def save_pretrained(self, path) -> None:
+        """Saves the wrapped T5 as a plain Hugging Face model (safetensors)."""
+        self.t5.save_pretrained(path)
 
-        `state_dict`: this module's full weights when they are sharded (FSDP).
-        """
-        if state_dict is not None:
-            state_dict = {k[len("t5.") :]: v for k, v in state_dict.items() if k.startswith("t5.")}
-        self.t5.save_pretrained(path, state_dict=state_dict)
+    def save_config(self, path) -> None:
+        """The files of `save_pretrained` but the weights (which a sharded reader's ranks
+        write together: fid.training.sharded_weights)."""
+        self.t5.config.save_pretrained(path)
+        if self.t5.generation_config is not None:
+            self.t5.generation_config.save_pretrained(path)
 
     def fsdp_units(self) -> list[nn.Module]:
         """The transformer blocks: the units that FSDP shards."""

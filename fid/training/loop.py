@@ -83,9 +83,10 @@ class TrainTask(Protocol):
         """Dev metrics over the whole dev set (called on every rank, in eval mode, without
         gradients, under autocast); each rank may take its share and gather the results."""
 
-    def save_model(self, path: Path, state_dict: dict | None = None) -> None:
-        """Writes the model in its final, loadable format into the folder `path` (from
-        `state_dict`, the full weights, when the model itself is sharded)."""
+    def save_model(self, path: Path, every_rank: bool = False) -> None:
+        """Writes the model in its final, loadable format into the folder `path`: called on
+        rank 0 only, or, when the model itself is sharded, on every rank with the same `path`
+        (each writes its shards; the folder is the same)."""
 
 
 class _BatchStream:
@@ -388,16 +389,26 @@ def _evaluate(
     if metrics is not None:
         metrics.write("dev", progress.step, results)
     if _new_best(progress, value):
-        full = sharding.full_state_dict(task.model) if sharded else None  # all ranks gather
-        if distributed.is_main():
-            with atomic_directory(state_dir / "best_dev") as tmp:
-                if full is None:
-                    task.save_model(tmp)
-                else:
-                    task.save_model(tmp, state_dict=full)
-                atomic_write_json(tmp / "dev_metrics.json", {"step": progress.step, **results})
-            logger.info("new best dev %s %.2f%% at step %d", task.dev_metric, value, progress.step)
+        _save_best(task, state_dir / "best_dev", {"step": progress.step, **results}, sharded)
+        logger.info("new best dev %s %.2f%% at step %d", task.dev_metric, value, progress.step)
+
+
+def _save_best(task: TrainTask, best_dir: Path, dev_metrics: dict, sharded: bool) -> None:
+    """Replaces best_dev (atomically) with the model and its dev metrics.
+
+    Sharded, every rank writes its shards into rank 0's temporary folder and rank 0 assembles
+    them (fid.training.sharded_weights): the whole model is never gathered on one rank.
+    """
+    main = distributed.is_main()
+    if not sharded and not main:
         distributed.barrier()
+        return
+    with atomic_directory(best_dir) if main else contextlib.nullcontext() as tmp:
+        tmp = distributed.broadcast_object(tmp) if sharded else tmp
+        task.save_model(tmp, every_rank=True) if sharded else task.save_model(tmp)
+        if main:
+            atomic_write_json(tmp / "dev_metrics.json", dev_metrics)
+    distributed.barrier()
 
 
 def _new_best(progress: TrainingProgress, value: float) -> bool:

@@ -15,12 +15,14 @@ from fid.data.reader_batches import ReaderCollator, epoch_batches
 from fid.inference.generation import generate_answers
 from fid.metrics.answers import answer_metrics
 from fid.models.folder_checks import check_reader
-from fid.models.loading import load_reader
+from fid.models.loading import load_reader, reader_skeleton
 from fid.models.reader import FiDReader, has_cross_attention_bias
 from fid.models.settings import ReaderSettings
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
+from fid.training import sharding
 from fid.training.runs import train_and_export
+from fid.training.sharded_weights import export_weights_from_shards, load_weights_into_shards
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +99,14 @@ class ReaderTask:
         metrics = answer_metrics(predictions, [e.answers for e in without_passages(self.dev)])
         return {"exact_match": metrics["exact_match"], "f1": metrics["f1"], "n": len(self.dev)}
 
-    def save_model(self, path: Path, state_dict: dict | None = None) -> None:
-        self.model.save_pretrained(path, state_dict=state_dict)
+    def save_model(self, path: Path, every_rank: bool = False) -> None:
+        if every_rank:  # sharded: the ranks write the weights together
+            export_weights_from_shards(self.model.t5, path)
+            if not distributed.is_main():
+                return
+            self.model.save_config(path)
+        else:
+            self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         # How the reader was fed: eval-reader and score-passages feed it the same way, and
         # load it as it is built (a kept cross-attention bias, FiDO's sparse decoder).
@@ -125,6 +133,33 @@ def _note_variant_change(init_model: str, cfg: ReaderTrainConfig) -> None:
             logger.info(
                 "fine-tuning %s (%s = %r) with %s = %r", init_model, name, before, name, after
             )
+
+
+def build_start_reader(init_model: str, cfg: ReaderTrainConfig, device: torch.device):
+    """The start reader on `device`. With FSDP over several ranks it is built sharded: on the
+    meta device, its blocks sharded, each rank reading only its own slices of the weights, so
+    no rank holds the whole model (the point of FSDP for readers one device cannot hold)."""
+    variant = dict(light_tokens=cfg.light_tokens, cross_attention_every=cfg.cross_attention_every)
+    if cfg.sharding == "fsdp" and distributed.world()[1] > 1:
+        built = reader_skeleton(
+            init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout, **variant
+        )
+        if built is not None:
+            reader, tokenizer, folder = built
+            sharding.shard(reader, reader.fsdp_units())
+            reader.to_empty(device=device)
+            reader.t5.tie_weights()  # to_empty gives each user of a tied weight its own copy
+            load_weights_into_shards(reader.t5, folder)
+            return reader, tokenizer
+        logger.warning(
+            "%s has no safetensors weights: every rank loads the whole model before sharding "
+            "it (save it with save_pretrained to load only each rank's shards)",
+            init_model,
+        )
+    reader, tokenizer = load_reader(
+        init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout, **variant
+    )
+    return reader.to(device), tokenizer
 
 
 def train_reader(
@@ -155,12 +190,8 @@ def train_reader(
     logger.info("%d training and %d dev questions", len(train), len(dev))
     # The config says what the trained reader is: a FiD-Light or FiDO variant of the start
     # model is fine-tuned from it (fid.models.reader_variants).
-    reader, tokenizer = load_reader(
-        init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout,
-        light_tokens=cfg.light_tokens, cross_attention_every=cfg.cross_attention_every,
-    )  # fmt: skip
+    reader, tokenizer = build_start_reader(init_model, cfg, device)
     _note_variant_change(init_model, cfg)
-    reader.to(device)
     reader.set_attention(cfg.attention, device)
     reader.set_activation_checkpointing(cfg.activation_checkpointing)
     task = ReaderTask(reader, tokenizer, cfg, train, dev, device)

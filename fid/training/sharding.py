@@ -12,6 +12,10 @@ same temporary folder (`.step-N.<random>.tmp`, named by rank 0); once all have f
 ranks checksum a share of its files each for the manifest (fid.training.checkpoint), and rank 0 writes
 the manifest and renames the folder into place.
 
+The reader is never whole on one rank: `fid train-reader` builds it sharded from the meta
+device and each rank reads its own slices of the start weights; best_dev is written by all
+ranks together (fid.training.sharded_weights).
+
 Works with gloo on CPU (tested with 2 processes) and nccl on GPU.
 """
 
@@ -24,12 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -43,7 +42,8 @@ def shard(model: nn.Module, units: Sequence[nn.Module]) -> list[nn.Parameter]:
     reshards after its forward, explicitly, and holds its full weights only while it runs.
     """
     for unit in units:
-        fully_shard(unit, reshard_after_forward=True)
+        if not isinstance(unit, FSDPModule):  # a reader built sharded comes here sharded
+            fully_shard(unit, reshard_after_forward=True)
     return [p for p in model.parameters() if not isinstance(p, DTensor)]
 
 
@@ -99,9 +99,3 @@ def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
     )
-
-
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's weights on CPU on rank 0 (empty elsewhere); every rank must call it."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
