@@ -14,8 +14,9 @@ the exit status is 1 if any check failed. The checks, on a demo world with tiny 
 - eval / score / embed / retrieve: `eval-reader`, `score-passages`, `embed-passages`, `retrieve`
   on the device equal the CPU's (fp32: the same answers; scores, vectors and lists within
   tolerance);
-- process group: one rank under `torchrun --nproc-per-node 1` (NCCL on a GPU, gloo on a CPU)
-  through fid's collectives, and FSDP's sharding of one rank's reader through a training step;
+- process group: `torchrun` with 2 ranks (gloo on a CPU; NCCL where 2+ GPUs are visible; one
+  rank on a one-GPU machine, as the workflow runs it there) through fid's collectives, and the
+  FSDP reader built sharded, through a training step and its export;
 - train retriever: distillation on the device, its loss finite and close to the CPU's;
 - acceleration speed: benchmarks/reader_acceleration.py speed on the device (issue 14's table);
 - MFU: a reader training step at t5-base shape (small: tiny), N = 100 passages of 250 tokens,
@@ -199,9 +200,15 @@ class Run:
         return ", ".join(f"{k} {v}" for k, v in found.items())
 
     def process_group(self) -> str:
-        # torchrun's variables, one rank; --no-python: it runs `python -c SCRIPT` as given
+        # torchrun's variables; --no-python: it runs `python -c SCRIPT` as given. Two ranks
+        # where each can have its own device (a CPU's gloo ranks, a machine with 2+ GPUs), so
+        # that the reader is built sharded (each rank reading its own slices), trained and
+        # exported by both; one rank on a one-GPU machine (the workflow's fit: one process).
+        from fid.runtime.gpus import visible_gpus
+
+        ranks = 2 if not self.cuda or visible_gpus() >= 2 else 1
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", "1", "--log-dir", os.devnull, "--no-python",
+                   "--nproc-per-node", str(ranks), "--log-dir", os.devnull, "--no-python",
                    sys.executable, "-c", _PROCESS_GROUP, str(self.out / "init_reader")]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
                                 env={**os.environ, **self.device_env})  # fmt: skip
@@ -258,8 +265,8 @@ class Run:
         return f"MFU {mfu:.1%}: {achieved / 1e12:.1f} of {peak / 1e12:.0f} TFLOP/s"
 
 
-# One rank of a process group (NCCL on a GPU, gloo on a CPU): fid's collectives, then FSDP's
-# sharding of the reader (every block its own unit) through a forward, backward and step.
+# A rank of a process group (NCCL on a GPU, gloo on a CPU): fid's collectives, then FSDP's
+# sharding of the reader (every block its own unit) through a forward, backward, step and export.
 _PROCESS_GROUP = """
 import sys, torch
 from fid.runtime import distributed
@@ -270,8 +277,10 @@ device = distributed.setup(info)
 if not dist.is_initialized():  # one rank: fid starts no group by itself
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 backend = dist.get_backend()
-assert distributed.all_gather_objects({"x": 1}) == [{"x": 1}]
-assert distributed.broadcast_object(3) == 3 and distributed.sum_over_ranks([2.0], device) == [2.0]
+world = dist.get_world_size()
+assert distributed.all_gather_objects({"x": 1}) == [{"x": 1}] * world
+assert distributed.broadcast_object(3) == 3
+assert distributed.sum_over_ranks([2.0], device) == [2.0 * world]
 assert distributed.any_rank(True, device) and not distributed.main_rank_flag(False, device)
 distributed.barrier()
 import tempfile
@@ -298,7 +307,7 @@ export_weights_from_shards(reader.t5, export)  # each rank its shards, rank 0 as
 full = load_file(export / "model.safetensors") if distributed.is_main() else {"-": torch.zeros(1)}
 assert full and all(torch.isfinite(v).all() for v in full.values())
 dist.destroy_process_group()
-print(f"{backend}: collectives ok; FSDP ({len(units)} units) step, loss {float(loss):.3f}, "
+print(f"{backend}, {world} ranks: collectives ok; FSDP ({len(units)} units) step, loss {float(loss):.3f}, "
       f"grad norm {float(norm):.3f}, exported {len(full)} tensors")
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -191,6 +192,19 @@ def test_eval_and_scoring_lose_nothing_on_1_2_3_ranks(tmp_path, tiny_model_dir, 
             )
 
 
+def _wait_for_progress(log: Path, offset: int, lines: int, process, timeout: float = 300) -> None:
+    """Returns once `log` holds `lines` progress lines ("step N/M loss") past byte `offset`,
+    or the process has ended."""
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        if log.exists():
+            with log.open("rb") as file:
+                file.seek(offset)
+                if len(re.findall(rb"step \d+/\d+ loss", file.read())) >= lines:
+                    return
+        time.sleep(0.05)
+
+
 def _train_args(tmp_path, model_dir, train, dev, name, config):
     return [sys.executable, "-m", "fid", "--threads", "1", "train-reader", "--config", str(config),
             "--train", str(train), "--dev", str(dev), "--init-model", str(model_dir),
@@ -218,11 +232,17 @@ def test_interrupted_runs_end_bitwise_equal(tmp_path, tiny_model_dir, toy_record
 
     rng = random.Random(0)
     interruptions, signals = 0, [signal.SIGUSR1, signal.SIGTERM]
+    train_log = tmp_path / "state-stopped" / "train.log"
     for attempt in range(12):
+        logged = train_log.stat().st_size if train_log.exists() else 0
         process = subprocess.Popen(_train_args(tmp_path, tiny_model_dir, train, dev, "stopped", config),
                                    env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        if attempt < 4:  # interrupt the first runs at a random moment after start-up
-            time.sleep(rng.uniform(4.0, 7.0))
+        if attempt < 4:
+            # Interrupt the first runs at a random moment once they train: after 1-3 progress
+            # lines (10 steps each) of this start, plus up to ~10 steps more. Counted in steps,
+            # not seconds, so that at least two runs are interrupted however fast the machine.
+            _wait_for_progress(train_log, logged, rng.randint(1, 3), process)
+            time.sleep(rng.uniform(0.0, 0.5))
             if process.poll() is None:
                 sig = signal.SIGKILL if how == "sigkill" else signals[attempt % 2]
                 process.send_signal(sig)

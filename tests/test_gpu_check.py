@@ -29,6 +29,6 @@ def test_the_acceptance_run_passes_on_a_cpu(tmp_path):
     assert all(row["ok"] for row in checks.values()), checks
     assert "fp16" not in checks["train_precisions"]["detail"]  # CUDA only
     assert "bitwise equal" in checks["resume"]["detail"]
-    assert checks["process_group"]["detail"].startswith("gloo: collectives ok; FSDP")
+    assert checks["process_group"]["detail"].startswith("gloo, 2 ranks: collectives ok; FSDP")
     assert "| plain |" in (tmp_path / "acceleration_speed.txt").read_text()
     print(result.stdout)
