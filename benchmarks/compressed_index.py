@@ -70,6 +70,8 @@ NLIST = 1024
 # Lists at 21M: k-means of 16384 centroids on 40 x 16384 vectors takes ~10 min on 16 cores at
 # d=256 (65536 lists would need 16x that); lists then hold ~1,300 passages (1M / 1024: ~980).
 NLIST_21M = 16384
+# nq.yaml's `retrieve.batch_size`: the questions fid searches at once
+RETRIEVE_BATCH = 128
 
 
 @dataclass
@@ -226,6 +228,74 @@ def _load_anon_mb(folder: Path) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+# What a user pays, in a fresh process (nothing of the build in its memory): the index loaded,
+# then per question with its files cold (dropped from the page cache before each), then warm.
+# argv: folder, queries.npy, knobs (JSON), k, batch size, cold questions, warm questions.
+_COLD_WARM = """
+import json, mmap, os, re, sys, time
+from pathlib import Path
+import numpy as np
+from fid.retrieval.index import PassageIndex
+folder, queries = Path(sys.argv[1]), np.load(sys.argv[2])
+knobs, k, batch, n_cold, n_warm = json.loads(sys.argv[3]), *map(int, sys.argv[4:8])
+def status(field):
+    return int(re.search(field + r":\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1])
+def read_bytes():
+    return int(re.search(r"read_bytes: (\\d+)", Path("/proc/self/io").read_text())[1])
+def evict(index):
+    # a mapped page stays cached while this process maps it: unmap (pages only), then drop
+    for array in (index.ids, index.vectors):
+        mapped = getattr(array, "_mmap", None) if array is not None else None
+        if mapped is not None:
+            mapped.madvise(mmap.MADV_DONTNEED)
+    for name in ("ids.npy", "vectors.npy"):
+        if (folder / name).exists():
+            fd = os.open(folder / name, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+def timed(rows):
+    before, started = read_bytes(), time.perf_counter()
+    index.search_rows(rows, k)
+    return time.perf_counter() - started, read_bytes() - before
+anon = status("RssAnon")
+index = PassageIndex.load(folder)
+index.set_search_params(**knobs)
+out = {"held_mb": (status("RssAnon") - anon) / 1024}
+cold = []
+for q in range(n_cold):
+    evict(index)
+    cold.append(timed(queries[q : q + 1]))
+out["cold1_ms"] = 1000 * np.mean([t for t, _ in cold])
+out["cold1_kib"] = np.mean([b for _, b in cold]) / 1024
+evict(index)
+seconds, read = timed(queries[:batch])
+out["coldb_ms"], out["coldb_kib"] = 1000 * seconds / batch, read / 1024 / batch
+for start in range(0, len(queries), batch):  # the pass that warms the cache
+    index.search_rows(queries[start : start + batch], k)
+out["resident_mb"] = sum(
+    int(m[1]) for m in re.finditer(r"\\.npy\\n(?:.*\\n)*?Rss:\\s+(\\d+) kB",
+                                   Path("/proc/self/smaps").read_text())
+) / 1024
+warm = [timed(queries[q : q + 1]) for q in range(n_warm)]
+out["warm1_ms"] = 1000 * np.mean([t for t, _ in warm])
+out["warm1_kib"] = np.mean([b for _, b in warm]) / 1024
+batches = [timed(queries[s : s + batch]) for s in range(0, len(queries) - batch + 1, batch)]
+out["warmb_ms"] = 1000 * sum(t for t, _ in batches) / (batch * len(batches))
+out["warmb_kib"] = sum(b for _, b in batches) / 1024 / (batch * len(batches))
+print(json.dumps({k: float(v) for k, v in out.items()}))
+"""
+
+
+def _paid(folder: Path, queries_file: Path, knobs: dict, batch: int) -> dict:
+    """`_COLD_WARM` for one knob setting: RAM held, bytes read and ms per question."""
+    out = subprocess.run([sys.executable, "-c", _COLD_WARM, str(folder), str(queries_file),
+                          json.dumps(knobs), str(K), str(batch), "30", "200"],
+                         capture_output=True, text=True)  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _mapped_kb(name: str) -> int:
     """Resident kB of this process's mappings of files called `name` (/proc/self/smaps)."""
     total, inside = 0, False
@@ -260,10 +330,15 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
     build_s, build_cpu = time.perf_counter() - started, time.process_time() - cpu
     del built
     anon_mb = _load_anon_mb(folder)
+    # first, while no process of this one maps the folder's files (mapped pages cannot be
+    # dropped from the page cache, and the cold columns need them dropped)
+    queries_file = args.workdir / "queries.npy"
+    np.save(queries_file, queries)
+    paid = [_paid(folder, queries_file, knobs, RETRIEVE_BATCH) for knobs in choice.knobs]
     index = PassageIndex.load(folder)
     file_mb = (folder / "index.faiss").stat().st_size / 2**20
     results = []
-    for knobs in choice.knobs:
+    for knobs, paid_here in zip(choice.knobs, paid, strict=True):
         index.set_search_params(**knobs)
         index.search_rows(queries[:10], K)  # warm-up
         started, cpu = time.perf_counter(), time.process_time()
@@ -296,6 +371,7 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
                 "hits100": _hits(rows, answers, 100),
                 "recall": recall,
                 "rows": rows if name == "flat" else None,
+                **paid_here,
             }
         )
     del index
@@ -360,7 +436,41 @@ def report(results: list[dict], sets, args) -> None:
         "passage; 'kept' counts only Flat's hits (questions Flat answers in its top k that "
         "this one answers too), the criterion for the default."
     )
+    paid_table(results, args.size)
     extrapolate(results, flat, args.size)
+
+
+def paid_table(results: list[dict], n: int) -> None:
+    """What a user pays for each setting, measured in a fresh process (`_COLD_WARM`)."""
+    print(
+        f"\n### What a search costs a user ({n} passages, d=384, k={K}, one thread; fresh process)\n"
+    )
+    print(
+        "| choice | knobs | RAM held MB | page cache resident after a pass MB | cold, one question: "
+        "KiB read, ms | cold, batch of "
+        f"{RETRIEVE_BATCH}: KiB read, ms a question | warm, one question: ms | warm, batches of "
+        f"{RETRIEVE_BATCH}: ms a question | held + resident at 21M x 768 / x 256, GB |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    n21 = 21_015_324
+    for r in results:
+        per_passage = (r["held_mb"] + r["resident_mb"]) * 2**20 / n
+        at = [per_passage * n21 * d / 384 / 1e9 for d in (768, 256)]
+        print(
+            f"| {r['choice']} | {_knob_text(r['knobs'])} | {r['held_mb']:.0f} | "
+            f"{r['resident_mb']:.0f} | {r['cold1_kib']:.0f}, {r['cold1_ms']:.1f} | "
+            f"{r['coldb_kib']:.0f}, {r['coldb_ms']:.2f} | {r['warm1_ms']:.2f} | "
+            f"{r['warmb_ms']:.2f} | {at[0]:.1f} / {at[1]:.1f} |"
+        )
+    print(
+        "\nRAM held = anonymous memory that loading added (faiss's index: codes, lists, "
+        "centroids, refinement codes); resident = pages of the mapped ids.npy and vectors.npy "
+        "in the page cache after a pass over all questions (what a warm search keeps reading). "
+        "Cold = ids.npy and vectors.npy dropped from the page cache before each question (or "
+        "batch): bytes from /proc/self/io read_bytes, on this machine's disk. The 21M figures "
+        "scale the measured bytes a passage linearly with d (codes at the same bits per "
+        "dimension; ids do not grow with d, so they overstate slightly)."
+    )
 
 
 def extrapolate(results, flat, n: int) -> None:
