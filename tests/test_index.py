@@ -186,6 +186,37 @@ def test_index_config_validation():
 FACTORIES = ["Flat", "HNSW32", "IVF16,Flat", "IVF16,PQ8", "SQ8"]
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "posix_fadvise"), reason="needs posix_fadvise")
+def test_a_cold_search_reads_only_the_ids_it_returns(tmp_path):
+    """ids.npy (0.7 GB at 21M) is mapped too, and a search reads the ids of the rows it found,
+    scattered over the file: with the random-access hint at most 2 pages an id returned, where
+    the kernel's read-around fetched up to 128 KiB for each."""
+    import mmap
+
+    n, d, k, page = 40_000, 16, 10, mmap.PAGESIZE
+    data = unit_vectors(n, d, seed=6)
+    ids = [f"passage-with-a-long-id-{i:08d}" for i in range(n)]  # 4 bytes a character: 3.7 MiB
+    build_passage_index(data, ids, IndexConfig("Flat"), MODEL).save(tmp_path / "index")
+    ids_file = tmp_path / "index" / "ids.npy"
+    _drop_from_cache(ids_file)
+    before = _read_bytes()
+    float(len(np.load(ids_file, mmap_mode="r")[n // 2]))
+    plain = _read_bytes() - before
+    if plain == 0:
+        pytest.skip(f"read_bytes does not count reads of {tmp_path} (tmpfs?)")
+
+    index = PassageIndex.load(tmp_path / "index")
+    _drop_from_cache(ids_file)
+    before = _read_bytes()
+    _, ranked = index.search_rows(data[[5, 20_000]], k)
+    found = [ranked[0], ranked[1]]  # the ids are read here
+    cold = _read_bytes() - before
+    assert found[0][0] == ids[5] and found[1][0] == ids[20_000] and len(found[1]) == k
+    assert cold <= 2 * 2 * k * page < plain * 2, (cold, plain)
+    print(f"\ncold ids of 2 x {k} results: {cold / 1024:.0f} KiB read (one id without the hint: "
+          f"{plain / 1024:.0f} KiB)")  # fmt: skip
+
+
 @pytest.mark.parametrize("metric", ["inner_product", "l2"])
 @pytest.mark.parametrize("factory", FACTORIES)
 def test_each_vector_is_its_own_top1(vectors, factory, metric):

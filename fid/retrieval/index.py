@@ -35,7 +35,14 @@ import numpy as np
 from fid.config import ConfigError, IndexConfig
 from fid.errors import DataError
 from fid.retrieval.embeddings import load_npy
-from fid.retrieval.rerank import VECTORS_FILE, RowSource, open_vectors, rescore, write_vectors
+from fid.retrieval.rerank import (
+    VECTORS_FILE,
+    RowSource,
+    advise_random_access,
+    open_vectors,
+    rescore,
+    write_vectors,
+)
 from fid.runtime.fileio import atomic_directory
 from fid.runtime.progress import progress
 from fid.text_files import read_json
@@ -349,6 +356,7 @@ class PassageIndex:
         # the array (unicode, 4 bytes a character: 32 B a DPR id) is 0.7 GB, half of what a
         # compressed index of 256-d vectors may take (config/README.md).
         ids = load_npy(folder / IDS_FILE, mmap=True)
+        advise_random_access(ids)  # a search reads the ids of the rows it found: scattered
         if ids.ndim != 1 or ids.dtype.kind != "U":
             raise DataError(f"{folder / IDS_FILE}: expected a 1-D unicode array, got {ids.dtype}")
         if not index.ntotal == len(ids) == meta["count"] or index.d != meta["dim"]:

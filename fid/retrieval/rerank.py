@@ -75,16 +75,17 @@ def open_vectors(path: str | Path, count: int, dim: int) -> np.memmap:
             f"{path}: holds {vectors.dtype} {vectors.shape}, but the index has {count} passages "
             f"of d={dim}: expected float16 ({count}, {dim}). {hint}"
         )
-    _random_access(vectors)
+    advise_random_access(vectors)
     return vectors
 
 
-def _random_access(vectors: np.memmap) -> None:
+def advise_random_access(mapped_array: np.memmap) -> None:
     """Tells the kernel that the map is read at random rows: without the hint its read-ahead
     turns the first touched row of a cold file into megabytes (measured: one row of a cold
     768 MB vectors.npy read the whole file, 1.0 s); with it a cold search reads the pages of its
-    shortlisted rows (at most 2 pages a row), nothing more."""
-    mapped = getattr(vectors, "_mmap", None)
+    shortlisted rows (at most 2 pages a row), nothing more. Also for ids.npy, whose found rows
+    are as scattered."""
+    mapped = getattr(mapped_array, "_mmap", None)
     if mapped is not None and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
         mapped.madvise(mmap.MADV_RANDOM)
 
