@@ -57,7 +57,8 @@ def _rank(rank: int, port: int, folder: str, knobs: dict, export: str, out: str)
         }
         if rank == 0:
             torch.save(full, Path(out) / "loaded.pt")
-        if export:
+        if export:  # the plain case: also a training backward, with and without checkpointing
+            result["checkpointing_grad_diff"] = _checkpointing_grad_diff(reader)
             task = ReaderTask.__new__(ReaderTask)  # save_model needs the model and tokenizer only
             task.model, task.tokenizer, task.cfg = reader, tokenizer, cfg
             task.save_model(Path(export), every_rank=True)
@@ -65,6 +66,24 @@ def _rank(rank: int, port: int, folder: str, knobs: dict, export: str, out: str)
         result["error"] = str(error)
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def _checkpointing_grad_diff(reader) -> float:
+    """Largest gradient difference between a backward with activation checkpointing (switched
+    on after sharding, as train_reader does) and one without; gradients are sharded DTensors."""
+    torch.manual_seed(3)
+    ids = torch.randint(3, 300, (2, 3, 12))
+    labels = torch.randint(3, 300, (2, 4))
+    reader.train()
+    grads = []
+    for checkpointing in (False, True):
+        reader.set_activation_checkpointing(checkpointing)
+        reader.zero_grad(set_to_none=True)
+        reader(ids, torch.ones_like(ids), labels=labels).loss.backward()
+        grads.append([p.grad.full_tensor() for p in reader.parameters() if isinstance(p, DTensor)])
+    reader.set_activation_checkpointing(False)
+    assert grads[0], "no sharded gradients"
+    return max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True))
 
 
 def _run(folder: Path, tmp_path: Path, export: bool = True, **knobs) -> tuple[list[dict], dict]:
@@ -95,12 +114,13 @@ def _whole(folder: Path, **variant) -> dict[str, torch.Tensor]:
 
 
 def test_each_rank_reads_its_shards_and_the_export_is_save_pretrained_s(model_folder, tmp_path):
-    results, loaded = _run(model_folder, tmp_path)
+    results, loaded = _run(model_folder, tmp_path, dropout=0.0)
     whole = _whole(model_folder)
     assert loaded.keys() == whole.keys()
     for name, tensor in whole.items():
         assert torch.equal(loaded[name], tensor), name
     for result in results:
+        assert result["checkpointing_grad_diff"] <= 1e-6, result
         assert result["sharded"], "no block was sharded"
         assert all(".block." in name for name in result["sharded"])
         assert result["local_fraction"] <= 0.5 + 0.05  # each rank holds its half of the blocks

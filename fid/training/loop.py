@@ -405,7 +405,10 @@ def _save_best(task: TrainTask, best_dir: Path, dev_metrics: dict, sharded: bool
         return
     with atomic_directory(best_dir) if main else contextlib.nullcontext() as tmp:
         tmp = distributed.broadcast_object(tmp) if sharded else tmp
-        task.save_model(tmp, every_rank=True) if sharded else task.save_model(tmp)
+        if sharded:
+            task.save_model(tmp, every_rank=True)
+        else:
+            task.save_model(tmp)
         if main:
             atomic_write_json(tmp / "dev_metrics.json", dev_metrics)
     distributed.barrier()
