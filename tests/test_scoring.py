@@ -107,3 +107,66 @@ def test_scores_under_bf16_autocast_are_float32(tiny_t5, batch):
         mixed = reader.passage_scores(batch.input_ids, batch.attention_mask, "attention_mass")
     assert mixed.dtype == torch.float32
     torch.testing.assert_close(mixed, exact, atol=2e-2, rtol=5e-2, equal_nan=True)
+
+
+def test_pdist_equals_one_fid_pass_per_passage(tiny_t5, tokenizer, toy_records, tmp_path):
+    """Atlas's PDist teacher, batched (the N passages of a question as N single-passage inputs,
+    in chunks), equals N separate FiD passes, one per passage alone: log p(answer | q, passage)
+    = -(the reader's mean token loss x the answer's tokens), in fp32 within 1e-5."""
+    import copy
+
+    examples = load_examples(write_json(tmp_path / "q.json", toy_records["dev"][:3]))
+    examples[2].ctxs = examples[2].ctxs[:4]  # fewer passages than slots: NaN there
+    answers = [e.answers[0] for e in examples]
+    collator = ReaderCollator(tokenizer, n_passages=6, passage_max_tokens=48)
+    batch = collator(examples, answers)
+    reader = FiDReader(tiny_t5, encoder_buckets=2).eval()
+    with torch.no_grad():
+        ours = reader.answer_log_likelihoods(
+            batch.input_ids, batch.attention_mask, batch.labels, rows_per_pass=5
+        )
+        expected = torch.full((3, 6), float("nan"))
+        for b, example in enumerate(examples):
+            for n, ctx in enumerate(batch.ctx_indices[b]):  # slot n reads ctxs[ctx]
+                alone = copy.copy(example)
+                alone.ctxs = [example.ctxs[ctx]]
+                one = ReaderCollator(tokenizer, n_passages=1, passage_max_tokens=48)(
+                    [alone], [answers[b]]
+                )
+                loss = reader(one.input_ids, one.attention_mask, labels=one.labels).loss
+                expected[b, n] = -loss * int((one.labels != -100).sum())
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5, equal_nan=True)
+    assert torch.isnan(ours[2, 4:]).all() and (ours[:, :4] < 0).all()
+
+
+def test_pdist_scores_through_the_command_and_refuses_a_question_without_answers(
+    tiny_model_dir, toy_records, tmp_path, capsys
+):
+    import json
+
+    import yaml
+
+    from fid.cli import main
+
+    config = tmp_path / "score.yaml"
+    config.write_text(yaml.safe_dump(dict(mode="pdist", n_passages=3, passage_max_tokens=32)))
+    questions = write_json(tmp_path / "q.json", toy_records["dev"][:2])
+    out = tmp_path / "scored.json"
+    assert main(["score-passages", "--config", str(config), "--model", str(tiny_model_dir),
+                 "--questions", str(questions), "--output", str(out)]) == 0  # fmt: skip
+    scored = json.loads(out.read_text())
+    for record in scored:
+        values = [c["reader_score"] for c in record["ctxs"]]
+        assert sum(v is not None for v in values) == 3  # the 3 passages read
+        assert all(v < 0 for v in values if v is not None)  # log-likelihoods
+        assert record["reader_scoring"]["mode"] == "pdist"
+
+    unanswered = [dict(toy_records["dev"][0]), dict(toy_records["dev"][1], answers=[])]
+    unanswered[1].pop("target", None)
+    bad = write_json(tmp_path / "bad.json", unanswered)
+    failed = tmp_path / "failed.json"
+    code = main(["score-passages", "--config", str(config), "--model", str(tiny_model_dir),
+                 "--questions", str(bad), "--output", str(failed)])  # fmt: skip
+    assert code != 0 and not failed.exists()
+    error = capsys.readouterr().err
+    assert f"question {unanswered[1]['id']!r}: mode 'pdist'" in error and "no `answers`" in error

@@ -160,14 +160,18 @@ class ScorePassagesConfig(ReaderInputConfig):
         mode: "mean_logit" is the original FiD-KD score (first decoding step, pre-softmax
             cross-attention logits averaged over layers, heads and the passage's tokens);
             "attention_mass" is the softmax probability mass that falls on the passage,
-            averaged over layers and heads (Atlas's family of distillation targets).
+            averaged over layers and heads (Atlas's family of distillation targets). "pdist":
+            Atlas's perplexity distillation, log p(answer | question, passage) with each
+            passage read alone (the answer: the record's `target`, else its first answer);
+            train-retriever's `reader_temperature` is PDist's temperature. It decodes N
+            single-passage inputs a question: costlier than the attention scores.
         precision: fp32 by default, everywhere: the scores are the retriever's teacher, and
             the original computed them in fp32 (bf16 moves near-tied passages' order).
         override_model_settings: as in EvalReaderConfig.
     """
 
     batch_size: int = 8
-    mode: Literal["mean_logit", "attention_mass"] = "mean_logit"
+    mode: Literal["mean_logit", "attention_mass", "pdist"] = "mean_logit"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
     override_model_settings: bool = False
 

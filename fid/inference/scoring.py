@@ -1,4 +1,8 @@
-"""Passage scoring by the reader's cross-attention: the teacher of retriever distillation.
+"""Passage scoring by the reader: the teacher of retriever distillation.
+
+The reader's cross-attention at the first decoding step (FiD-KD's mean logit, or the attention
+mass), or, with mode "pdist", the log-likelihood of the question's answer given each passage
+alone (Atlas's perplexity distillation).
 
 `fid score-passages` writes each question file back with `reader_score` in every ctx: the
 reader's score for the passages it read (`FiDReader.passage_scores`: the original's mean
@@ -20,6 +24,7 @@ import torch
 from fid.data.examples import Example, ListExamples, load_examples, take
 from fid.data.reader_batches import ReaderCollator
 from fid.data.retrieval_lists import RetrievalLists, write_lists
+from fid.errors import DataError
 from fid.inference.batching import counted, length_sorted_batches, reader_and_collator
 from fid.models.reader import FiDReader
 from fid.runtime import distributed
@@ -53,11 +58,21 @@ def passage_scores(
 ) -> list[ReadScores]:
     """Reader scores of the passages each question's reader input holds, in input order."""
     scores: list[ReadScores | None] = [None] * len(examples)
+    # PDist's answers, checked before any scoring: a question without one is an error at once
+    answers = [_answer(example) for example in examples] if mode == "pdist" else None
     batches = length_sorted_batches(collator, examples, batch_size)
     for indices in counted(batches, "score", logger):
-        batch = collator([examples[i] for i in indices]).to(device)
+        chosen = [examples[i] for i in indices]
+        if answers is not None:
+            batch = collator(chosen, [answers[i] for i in indices]).to(device)
+            values = reader.answer_log_likelihoods(
+                batch.input_ids, batch.attention_mask, batch.labels
+            )
+        else:
+            batch = collator(chosen).to(device)
+            values = reader.passage_scores(batch.input_ids, batch.attention_mask, mode)
         # (B, N) float: one score per passage slot; slots past a question's ctxs are padding
-        values = reader.passage_scores(batch.input_ids, batch.attention_mask, mode).float().cpu()
+        values = values.float().cpu()
         for row, i in enumerate(indices):
             read = batch.ctx_indices[row]
             row_values = values[row, : len(read)].numpy().astype(np.float32)
@@ -65,6 +80,19 @@ def passage_scores(
                 raise RuntimeError(f"question {examples[i].id}: a read passage got no score")
             scores[i] = ReadScores(np.asarray(read, dtype=np.int32), row_values)
     return scores
+
+
+def _answer(example: Example) -> str:
+    """The answer whose likelihood PDist scores: the record's `target`, else its first answer
+    (one fixed answer, so that a question's teacher does not change between runs)."""
+    if example.target is not None:
+        return example.target
+    if not example.answers:
+        raise DataError(
+            f"question {example.id!r}: mode 'pdist' scores the likelihood of its answer, but it "
+            "has no `answers` (or `target`)"
+        )
+    return example.answers[0]
 
 
 def with_reader_scores(

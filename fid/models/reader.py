@@ -264,6 +264,49 @@ class FiDReader(nn.Module):
         )
 
     @torch.no_grad()
+    def answer_log_likelihoods(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        rows_per_pass: int = 64,
+    ) -> torch.Tensor:
+        """log p(answer | question, passage n alone) for every passage slot: the teacher of
+        Atlas's perplexity distillation (PDist; Izacard et al. 2022, section 2.2), whose target
+        is the softmax of these over the passages (with train-retriever's reader_temperature).
+
+        The N passages of a question are read as N single-passage FiD inputs, batched: a FiD
+        encoder encodes each passage independently, so row (b, n) is exactly the reader given
+        passage n only. Rows are decoded `rows_per_pass` at a time (each holds (A, vocab)
+        logits).
+
+        Args:
+            input_ids: (B, N, L).
+            attention_mask: (B, N, L).
+            labels: (B, A) answer ids, -100 where padded.
+
+        Returns:
+            (B, N) float32 summed answer-token log-probabilities; NaN for empty passage slots.
+        """
+        B, N, _ = input_ids.shape
+        scores = torch.full((B, N), float("nan"), device=input_ids.device)
+        question, slot = (attention_mask.sum(dim=-1) > 0).nonzero(as_tuple=True)  # (R,) each
+        for start in range(0, len(question), rows_per_pass):
+            q, n = question[start : start + rows_per_pass], slot[start : start + rows_per_pass]
+            target = labels[q]  # (R, A)
+            logits = self(
+                input_ids[q, n].unsqueeze(1),  # (R, 1, L): one passage each
+                attention_mask[q, n].unsqueeze(1),
+                decoder_input_ids=self.t5._shift_right(target),
+            ).logits  # (R, A, vocab)
+            with torch.autocast(input_ids.device.type, enabled=False):
+                log_probs = logits.float().log_softmax(dim=-1)
+                real = target != -100
+                token = log_probs.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+                scores[q, n] = (token * real).sum(dim=-1)  # (R,)
+        return scores
+
+    @torch.no_grad()
     def passage_scores(
         self,
         input_ids: torch.Tensor,
