@@ -170,3 +170,48 @@ def test_pdist_scores_through_the_command_and_refuses_a_question_without_answers
     assert code != 0 and not failed.exists()
     error = capsys.readouterr().err
     assert f"question {unanswered[1]['id']!r}: mode 'pdist'" in error and "no `answers`" in error
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_loop_equals_one_fid_pass_per_left_out_passage(
+    tiny_t5, tokenizer, toy_records, tmp_path, pack
+):
+    """Atlas's LOOP teacher, batched (one encoding, each passage masked from the decoder's
+    cross-attention, in chunks), equals K + 1 separate FiD passes: log p(answer | all passages)
+    - log p(answer | all but passage k), the latter with passage k removed from the input."""
+    import copy
+
+    examples = load_examples(write_json(tmp_path / "q.json", toy_records["dev"][:3]))
+    examples[2].ctxs = examples[2].ctxs[:4]
+    answers = [e.answers[0] for e in examples]
+    collator = ReaderCollator(tokenizer, n_passages=6, passage_max_tokens=48)
+    batch = collator(examples, answers)
+    reader = FiDReader(tiny_t5, encoder_buckets=2, pack_passages=pack).eval()
+
+    def log_likelihood(example, ctxs, answer):
+        reduced = copy.copy(example)
+        reduced.ctxs = ctxs
+        one = ReaderCollator(tokenizer, n_passages=len(ctxs), passage_max_tokens=48)(
+            [reduced], [answer]
+        )
+        loss = reader(one.input_ids, one.attention_mask, labels=one.labels).loss
+        return -loss * int((one.labels != -100).sum())
+
+    with torch.no_grad():
+        ours = reader.leave_one_out_log_likelihoods(
+            batch.input_ids, batch.attention_mask, batch.labels, rows_per_pass=4
+        )
+        expected, totals = torch.full((3, 6), float("nan")), []
+        for b, example in enumerate(examples):
+            read = [example.ctxs[i] for i in batch.ctx_indices[b]]
+            every = log_likelihood(example, read, answers[b])
+            totals.append(abs(float(every)))
+            for n in range(len(read)):
+                expected[b, n] = every - log_likelihood(
+                    example, read[:n] + read[n + 1 :], answers[b]
+                )
+    # A drop is the difference of two fp32 sums of ~50 nats, each exact to ~1e-7 of itself:
+    # the drops agree within 1e-5 in those units (1e-5 x the largest log-likelihood).
+    tolerance = 1e-5 * max(totals)
+    torch.testing.assert_close(ours, expected, atol=tolerance, rtol=0, equal_nan=True)
+    assert torch.isnan(ours[2, 4:]).all() and not torch.isnan(ours[:, :4]).any()

@@ -163,15 +163,18 @@ class ScorePassagesConfig(ReaderInputConfig):
             averaged over layers and heads (Atlas's family of distillation targets). "pdist":
             Atlas's perplexity distillation, log p(answer | question, passage) with each
             passage read alone (the answer: the record's `target`, else its first answer);
-            train-retriever's `reader_temperature` is PDist's temperature. It decodes N
-            single-passage inputs a question: costlier than the attention scores.
+            train-retriever's `reader_temperature` is PDist's temperature. "loop": Atlas's
+            leave-one-out perplexity distillation, how much log p(answer | question, all
+            passages) drops when the passage is left out (its tokens masked from the
+            decoder's cross-attention; the encoding is computed once). Both decode N inputs a
+            question: costlier than the attention scores.
         precision: fp32 by default, everywhere: the scores are the retriever's teacher, and
             the original computed them in fp32 (bf16 moves near-tied passages' order).
         override_model_settings: as in EvalReaderConfig.
     """
 
     batch_size: int = 8
-    mode: Literal["mean_logit", "attention_mass", "pdist"] = "mean_logit"
+    mode: Literal["mean_logit", "attention_mass", "pdist", "loop"] = "mean_logit"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
     override_model_settings: bool = False
 

@@ -1,8 +1,9 @@
 """Passage scoring by the reader: the teacher of retriever distillation.
 
 The reader's cross-attention at the first decoding step (FiD-KD's mean logit, or the attention
-mass), or, with mode "pdist", the log-likelihood of the question's answer given each passage
-alone (Atlas's perplexity distillation).
+mass); with mode "pdist", the log-likelihood of the question's answer given each passage alone
+(Atlas's perplexity distillation); with "loop", how much the answer's log-likelihood given all
+the passages drops when one is left out (Atlas's leave-one-out perplexity distillation).
 
 `fid score-passages` writes each question file back with `reader_score` in every ctx: the
 reader's score for the passages it read (`FiDReader.passage_scores`: the original's mean
@@ -59,15 +60,18 @@ def passage_scores(
     """Reader scores of the passages each question's reader input holds, in input order."""
     scores: list[ReadScores | None] = [None] * len(examples)
     # PDist's answers, checked before any scoring: a question without one is an error at once
-    answers = [_answer(example) for example in examples] if mode == "pdist" else None
+    answers = [_answer(example, mode) for example in examples] if mode in ANSWER_MODES else None
     batches = length_sorted_batches(collator, examples, batch_size)
     for indices in counted(batches, "score", logger):
         chosen = [examples[i] for i in indices]
         if answers is not None:
             batch = collator(chosen, [answers[i] for i in indices]).to(device)
-            values = reader.answer_log_likelihoods(
-                batch.input_ids, batch.attention_mask, batch.labels
+            teacher = (
+                reader.answer_log_likelihoods
+                if mode == "pdist"
+                else reader.leave_one_out_log_likelihoods
             )
+            values = teacher(batch.input_ids, batch.attention_mask, batch.labels)
         else:
             batch = collator(chosen).to(device)
             values = reader.passage_scores(batch.input_ids, batch.attention_mask, mode)
@@ -82,15 +86,19 @@ def passage_scores(
     return scores
 
 
-def _answer(example: Example) -> str:
-    """The answer whose likelihood PDist scores: the record's `target`, else its first answer
-    (one fixed answer, so that a question's teacher does not change between runs)."""
+# The modes whose teacher is the likelihood of the question's answer (Atlas's PDist, LOOP).
+ANSWER_MODES = ("pdist", "loop")
+
+
+def _answer(example: Example, mode: str) -> str:
+    """The answer whose likelihood PDist and LOOP score: the record's `target`, else its first
+    answer (one fixed answer, so that a question's teacher does not change between runs)."""
     if example.target is not None:
         return example.target
     if not example.answers:
         raise DataError(
-            f"question {example.id!r}: mode 'pdist' scores the likelihood of its answer, but it "
-            "has no `answers` (or `target`)"
+            f"question {example.id!r}: mode {mode!r} scores the likelihood of its answer, but "
+            "it has no `answers` (or `target`)"
         )
     return example.answers[0]
 

@@ -293,18 +293,70 @@ class FiDReader(nn.Module):
         question, slot = (attention_mask.sum(dim=-1) > 0).nonzero(as_tuple=True)  # (R,) each
         for start in range(0, len(question), rows_per_pass):
             q, n = question[start : start + rows_per_pass], slot[start : start + rows_per_pass]
-            target = labels[q]  # (R, A)
-            logits = self(
+            encoding = self.encode(
                 input_ids[q, n].unsqueeze(1),  # (R, 1, L): one passage each
                 attention_mask[q, n].unsqueeze(1),
-                decoder_input_ids=self.t5._shift_right(target),
-            ).logits  # (R, A, vocab)
-            with torch.autocast(input_ids.device.type, enabled=False):
-                log_probs = logits.float().log_softmax(dim=-1)
-                real = target != -100
-                token = log_probs.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-                scores[q, n] = (token * real).sum(dim=-1)  # (R,)
+            )
+            scores[q, n] = self._answer_log_likelihood(encoding.hidden, encoding.mask, labels[q])
         return scores
+
+    @torch.no_grad()
+    def leave_one_out_log_likelihoods(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        rows_per_pass: int = 8,
+    ) -> torch.Tensor:
+        """How much log p(answer | question, all N passages) drops when passage n is left out:
+        the teacher of Atlas's leave-one-out perplexity distillation (LOOP; Izacard et al. 2022,
+        section 2.2: softmax over passages of -log p(answer | the others), the same
+        distribution as the softmax of these drops).
+
+        The passages are encoded once: in FiD each passage's encoder states do not depend on
+        the others, so "passage n removed" is the fused encoding with passage n's tokens
+        masked from the decoder's cross-attention, decoded as `rows_per_pass` masked copies at
+        a time. (With a kept cross-attention position bias the other passages keep their
+        positions, where removing the passage from the input would shift the later ones.)
+
+        Args:
+            input_ids: (B, N, L).
+            attention_mask: (B, N, L).
+            labels: (B, A) answer ids, -100 where padded.
+
+        Returns:
+            (B, N) float32 drops in summed answer log-probability; NaN for empty passage slots.
+        """
+        B, N, _ = input_ids.shape
+        encoding = self.encode(input_ids, attention_mask)  # hidden (B, T, D), mask (B, T)
+        every = self._answer_log_likelihood(encoding.hidden, encoding.mask, labels)  # (B,)
+        scores = torch.full((B, N), float("nan"), device=input_ids.device)
+        question, slot = (attention_mask.sum(dim=-1) > 0).nonzero(as_tuple=True)  # (R,) each
+        for start in range(0, len(question), rows_per_pass):
+            q, n = question[start : start + rows_per_pass], slot[start : start + rows_per_pass]
+            # (R, T): question q's tokens but those of passage n
+            kept = encoding.mask[q].bool() & (encoding.token_passage[q] != n[:, None])
+            without = self._answer_log_likelihood(
+                encoding.hidden[q], kept.to(encoding.mask.dtype), labels[q]
+            )
+            scores[q, n] = every[q] - without
+        return scores
+
+    def _answer_log_likelihood(
+        self, hidden: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        """(R,) summed log-probabilities of `labels` (R, A) decoded from encoder states
+        `hidden` (R, T, D) under cross-attention `mask` (R, T); in float32."""
+        logits = self.t5(
+            encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
+            attention_mask=mask,
+            decoder_input_ids=self.t5._shift_right(labels),
+            use_cache=False,
+        ).logits  # (R, A, vocab)
+        with torch.autocast(hidden.device.type, enabled=False):
+            log_probs = logits.float().log_softmax(dim=-1)
+            token = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            return (token * (labels != -100)).sum(dim=-1)
 
     @torch.no_grad()
     def passage_scores(
