@@ -59,7 +59,7 @@ def passage_scores(
 ) -> list[ReadScores]:
     """Reader scores of the passages each question's reader input holds, in input order."""
     scores: list[ReadScores | None] = [None] * len(examples)
-    # PDist's answers, checked before any scoring: a question without one is an error at once
+    # PDist's and LOOP's answers, checked before any scoring: a question without one fails at once
     answers = [_answer(example, mode) for example in examples] if mode in ANSWER_MODES else None
     batches = length_sorted_batches(collator, examples, batch_size)
     for indices in counted(batches, "score", logger):
