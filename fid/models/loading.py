@@ -63,17 +63,12 @@ def load_t5(name_or_path: str, dropout: float | None = None) -> T5ForConditional
 
 
 def reader_skeleton(
-    name_or_path: str,
-    encoder_buckets: int,
-    pack_passages: bool,
-    dropout: float | None = None,
-    *,
-    light_tokens: int | None = None,
-    cross_attention_every: int | None = None,
+    name_or_path: str, dropout: float | None = None, **reader_options
 ) -> tuple[FiDReader, object, Path] | None:
     """The reader `load_reader` builds, with its parameters on the meta device (no memory),
     its tokenizer, and the folder whose safetensors hold its weights; None where the weights
-    are in no safetensors file (then only the whole model can be loaded).
+    are in no safetensors file (then only the whole model can be loaded). `reader_options`:
+    FiDReader's (encoder_buckets, pack_passages, light_tokens, cross_attention_every).
 
     For FSDP: the caller shards the skeleton, then each rank reads only its own slices
     (fid.training.sharded_weights), so no rank ever holds the whole model.
@@ -90,10 +85,7 @@ def reader_skeleton(
             add_cross_attention_bias(t5, torch.empty(_tensor_shape(folder, CROSS_ATTENTION_BIAS)))
         elif settings.cross_attention_every > 1:
             remove_cross_attention(t5, settings.cross_attention_every)
-        reader = FiDReader(
-            t5, encoder_buckets, pack_passages, light_tokens=light_tokens,
-            cross_attention_every=cross_attention_every,
-        )  # fmt: skip
+        reader = FiDReader(t5, **reader_options)
     return reader, AutoTokenizer.from_pretrained(name_or_path), folder
 
 

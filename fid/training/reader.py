@@ -142,8 +142,9 @@ def build_start_reader(init_model: str, cfg: ReaderTrainConfig, device: torch.de
     variant = dict(light_tokens=cfg.light_tokens, cross_attention_every=cfg.cross_attention_every)
     if cfg.sharding == "fsdp" and distributed.world()[1] > 1:
         built = reader_skeleton(
-            init_model, cfg.encoder_buckets, cfg.pack_passages, cfg.dropout, **variant
-        )
+            init_model, cfg.dropout, encoder_buckets=cfg.encoder_buckets,
+            pack_passages=cfg.pack_passages, **variant,
+        )  # fmt: skip
         if built is not None:
             reader, tokenizer, folder = built
             sharding.shard(reader, reader.fsdp_units())
