@@ -58,6 +58,22 @@ def test_bad_values_name_key_value_and_allowed(data, message):
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"objective": "emdr2", "reader_temperature": 2.0},
+         "reader_temperature = 2.0 with objective = 'emdr2'"),
+        ({"objective": "emdr2", "kl_reduction": "mean"},
+         "kl_reduction = 'mean' with objective = 'emdr2'"),
+        ({"objective": "em"}, "objective = 'em'"),
+    ],
+)  # fmt: skip
+def test_emdr2_knobs_that_mean_nothing_are_refused(data, message):
+    with pytest.raises(ConfigError, match="cfg.yaml") as error:
+        config_from_dict(data, RetrieverTrainConfig, source="cfg.yaml")
+    assert message in str(error.value)
+
+
 def test_retriever_selection_rank_below_the_candidate_count():
     """Dev questions rank their own n_passages candidates: selecting on a rank that covers all
     of them would pick best_dev on a metric that no model can change."""

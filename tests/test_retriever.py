@@ -18,6 +18,7 @@ from fid.training.retriever import (
     RetrieverTask,
     distillation_examples,
     distillation_loss,
+    emdr2_loss,
 )
 
 SMALL_BERT = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
@@ -186,3 +187,43 @@ def test_tokenizers_are_reproducible(world):
     texts = [p.title + " " + p.text for p in world.passages]
     for train in (train_bert_tokenizer, train_tokenizer):
         assert train(texts, 600).get_vocab() == train(texts, 600).get_vocab()
+
+
+@pytest.mark.parametrize("in_batch_negatives", [False, True])
+def test_emdr2_loss_and_gradients_equal_a_float64_hand_written_version(in_batch_negatives):
+    """EMDR2 = -mean_q log sum_k p_retriever(k | q) p_reader(a | q, k): the loss and its
+    gradients (autograd through fid's fp32 version) against the formula written out in
+    float64; and the gradient at the student's logits is the textbook one, p_k - posterior_k."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, requires_grad=True)
+    p = torch.randn(5, 4, requires_grad=True)
+    owner = torch.tensor([0, 0, 0, 1, 1])
+    log_likelihood = -torch.rand(5) * 8  # log p(answer | q, k) <= 0
+    loss = emdr2_loss(q, p, owner, log_likelihood, 2.0, in_batch_negatives)
+    loss.backward()
+
+    q64 = q.detach().double().requires_grad_()
+    p64 = p.detach().double().requires_grad_()
+    total = 0
+    for b, rows in ((0, [0, 1, 2]), (1, [3, 4])):
+        columns = list(range(5)) if in_batch_negatives else rows
+        scores = {k: (p64[k] @ q64[b]) / math.sqrt(4) / 2.0 for k in columns}
+        normaliser = sum(torch.exp(s) for s in scores.values())
+        marginal = sum(
+            torch.exp(scores[k]) / normaliser * math.exp(log_likelihood[k]) for k in rows
+        )
+        total = total - torch.log(marginal)
+    expected = total / 2
+    expected.backward()
+    torch.testing.assert_close(loss.double(), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(q.grad.double(), q64.grad, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(p.grad.double(), p64.grad, atol=1e-6, rtol=1e-5)
+
+    # d loss / d logit_k for question 0 (own passages 0-2), no in-batch negatives:
+    # (p_k - posterior_k) / B, posterior_k = p_k L_k / sum_j p_j L_j
+    logits = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    prior = logits.softmax(0)
+    likelihood = log_likelihood[:3].double().exp()
+    (-torch.log((prior * likelihood).sum())).backward()
+    posterior = (prior * likelihood) / (prior * likelihood).sum()
+    torch.testing.assert_close(logits.grad, (prior - posterior).detach())

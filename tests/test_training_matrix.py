@@ -132,3 +132,20 @@ def test_refused_combinations(inputs, tmp_path, capsys, model, precision, shardi
     assert message in err, err[-2000:]
     assert "bug in fid" not in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_emdr2_retriever_training_resumes_bitwise(inputs, tmp_path):
+    """The EMDR2 objective trains through the same loop: killed after step 1 and resumed, it
+    ends bitwise equal to the uninterrupted run (one process, accumulation 3)."""
+    config = _config(tmp_path / "emdr2.yaml", "retriever", "fp32", "ddp", 3)
+    knobs = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**knobs, "objective": "emdr2"}))
+    output, state = tmp_path / "model", tmp_path / "state"
+    _train(inputs, "retriever", config, output, state, 1)
+    straight = load_file(output / WEIGHTS["retriever"])
+    _kill_after_step_1(output, state)
+    _train(inputs, "retriever", config, output, state, 1)
+    resumed = load_file(output / WEIGHTS["retriever"])
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[key], resumed[key]) for key in straight)
+    assert "resumed from" in (state / "train.log").read_text()

@@ -120,6 +120,10 @@ class RetrieverTrainConfig(TrainingConfig):
         pooling: "mean" (masked mean of token states, FiD's choice) or "cls".
         projection_dim: a linear projection + LayerNorm to this size (None = encoder width).
         shared_encoder: one encoder for questions and passages (FiD's choice) or two.
+        objective: "kl" (FiD-KD's distillation, the default) or "emdr2" (Sachan et al. 2021,
+            as Atlas trains its retriever: -log sum_k p_retriever(k | q) p_reader(a | q, k) over
+            the question's scored passages, with `reader_score` read as log p(a | q, k), which
+            `score_passages.mode: pdist` writes; no gradient reaches the reader).
         reader_temperature: teacher distribution = softmax(reader scores / this).
         retriever_temperature: student distribution = softmax(retriever scores / this).
         in_batch_negatives: the student also ranks the other questions' passages of the batch
@@ -147,6 +151,7 @@ class RetrieverTrainConfig(TrainingConfig):
     normalize: bool = False
     project_tokens: bool = True
     kl_reduction: Literal["batchmean", "mean"] = "batchmean"
+    objective: Literal["kl", "emdr2"] = "kl"
     reader_temperature: float = 1.0
     retriever_temperature: float = 1.0
     in_batch_negatives: bool = False
@@ -164,6 +169,16 @@ class RetrieverTrainConfig(TrainingConfig):
         check_range("reader_temperature", self.reader_temperature, low=1e-6)
         check_range("retriever_temperature", self.retriever_temperature, low=1e-6)
         check_range("eval_batch_size", self.eval_batch_size, low=1)
+        if self.objective == "emdr2" and self.reader_temperature != 1.0:
+            raise ConfigError(
+                f"reader_temperature = {self.reader_temperature} with objective = 'emdr2': "
+                "EMDR2 uses the reader's likelihoods as they are. Expected 1.0 (the default)"
+            )
+        if self.objective == "emdr2" and self.kl_reduction != "batchmean":
+            raise ConfigError(
+                "kl_reduction = 'mean' with objective = 'emdr2': there is no KL to reduce "
+                "(EMDR2's loss is averaged over questions). Expected 'batchmean' (the default)"
+            )
         if self.sharding == "fsdp":
             raise ConfigError(
                 "sharding = 'fsdp' is refused for the retriever: its two BERT-size encoders fit "

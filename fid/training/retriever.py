@@ -2,7 +2,8 @@
 
 Loss (Izacard & Grave 2021, https://arxiv.org/abs/2012.04584): for each question,
 KL(softmax(reader scores / T_r) || softmax(retriever scores / T_q)) over its scored passages,
-optionally with the batch's other passages as extra negatives (teacher probability 0). Dev metrics
+optionally with the batch's other passages as extra negatives (teacher probability 0); or, with
+`objective: emdr2`, EMDR2's -log sum_k p_retriever(k | q) p_reader(answer | q, k). Dev metrics
 run over the WHOLE dev set and re-rank each dev question's candidate list (the passages the
 reader scored, not the corpus), in percent: whether the reader's top passage is in the
 retriever's top k of them (candidate_agreement@k) and whether that top k holds an answer
@@ -149,6 +150,28 @@ def distillation_loss(
     Returns:
         A scalar loss.
     """
+    B = question_embeddings.shape[0]
+    log_student, own = _student_log_probs(
+        question_embeddings, passage_embeddings, owner, retriever_temperature, in_batch_negatives
+    )
+    teacher_logits = (teacher / reader_temperature).float()[None, :].expand(B, -1)
+    target = teacher_logits.masked_fill(~own, float("-inf")).softmax(dim=-1)  # 0 off own
+    # xlogy: 0 * log 0 = 0 where the teacher gives no mass.
+    kl = torch.xlogy(target, target) - target * log_student.masked_fill(~own, 0.0)
+    if reduction == "mean":
+        return kl.sum() / own.sum()
+    return kl.sum(dim=-1).mean()
+
+
+def _student_log_probs(
+    question_embeddings: torch.Tensor,
+    passage_embeddings: torch.Tensor,
+    owner: torch.Tensor,
+    retriever_temperature: float,
+    in_batch_negatives: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) log-softmax of the retriever's scores over each question's passages (or the
+    whole batch's, with in-batch negatives), and the (B, P) mask of each question's own."""
     B, D = question_embeddings.shape
     # (B, P) student logits in fp32 even under autocast (bf16 rounds |logit| 8-16 to steps of
     # 0.0625), scaled as in the original: q . p / sqrt(D).
@@ -158,14 +181,35 @@ def distillation_loss(
     own = owner[None, :] == torch.arange(B, device=owner.device)[:, None]  # (B, P)
     if not in_batch_negatives:
         logits = logits.masked_fill(~own, float("-inf"))
-    log_student = logits.float().log_softmax(dim=-1)
-    teacher_logits = (teacher / reader_temperature).float()[None, :].expand(B, -1)
-    target = teacher_logits.masked_fill(~own, float("-inf")).softmax(dim=-1)  # 0 off own
-    # xlogy: 0 * log 0 = 0 where the teacher gives no mass.
-    kl = torch.xlogy(target, target) - target * log_student.masked_fill(~own, 0.0)
-    if reduction == "mean":
-        return kl.sum() / own.sum()
-    return kl.sum(dim=-1).mean()
+    return logits.float().log_softmax(dim=-1), own
+
+
+def emdr2_loss(
+    question_embeddings: torch.Tensor,
+    passage_embeddings: torch.Tensor,
+    owner: torch.Tensor,
+    answer_log_likelihoods: torch.Tensor,
+    retriever_temperature: float,
+    in_batch_negatives: bool,
+) -> torch.Tensor:
+    """EMDR2 (Sachan et al. 2021; Atlas's formulation): the retrieved passage as a latent
+    variable, -log sum_k p_retriever(k | q) p_reader(a | q, k), averaged over the questions.
+
+    Args:
+        answer_log_likelihoods: (P,) log p(answer | question, passage) of each passage for its
+            own question (PDist's scores); data, so no gradient reaches the reader. With
+            in-batch negatives, other questions' passages take retriever probability mass but
+            add no likelihood.
+
+    Returns:
+        A scalar loss.
+    """
+    log_student, own = _student_log_probs(
+        question_embeddings, passage_embeddings, owner, retriever_temperature, in_batch_negatives
+    )
+    # (B, P) log p_retriever(k | q) + log p_reader(a | q, k), on the question's own passages
+    joint = (log_student + answer_log_likelihoods.float()[None, :]).masked_fill(~own, float("-inf"))
+    return -torch.logsumexp(joint, dim=-1).mean()
 
 
 class RetrieverTask:
@@ -215,6 +259,10 @@ class RetrieverTask:
             [torch.full((len(e.texts),), b, dtype=torch.long) for b, e in enumerate(examples)]
         ).to(self.device)
         teacher = torch.cat([e.teacher for e in examples]).to(self.device)
+        if self.cfg.objective == "emdr2":
+            return emdr2_loss(
+                q, p, owner, teacher, self.cfg.retriever_temperature, self.cfg.in_batch_negatives
+            )
         return distillation_loss(
             q,
             p,
