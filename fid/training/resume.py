@@ -37,7 +37,7 @@ REFUSED = frozenset({
     # RetrieverTrainConfig: inputs, model, loss; the metric best_dev is chosen on
     "score_key", "question_max_tokens", "pooling", "projection_dim", "shared_encoder",
     "input_format", "query_prefix", "passage_prefix", "normalize", "project_tokens",
-    "kl_reduction", "decay_biases_and_norms",
+    "objective", "kl_reduction", "decay_biases_and_norms",
     "reader_temperature", "retriever_temperature", "in_batch_negatives", "select_on",
 })  # fmt: skip
 
