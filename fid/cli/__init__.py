@@ -91,7 +91,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.runs_models or info.is_distributed:
             from fid.runtime import distributed
+            from fid.runtime.heap import return_freed_memory
 
+            return_freed_memory()  # the resident size is what the tensors hold (memory plans)
             _set_threads(args.threads)
             args.device = distributed.setup(info)
         # Where the command writes, checked before any work (a read-only or full disk is

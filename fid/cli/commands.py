@@ -315,3 +315,24 @@ def ask(args) -> None:
         # stdout's reader has gone (`fid ask ... | head -1`): the end, not an error; stdout
         # to /dev/null, so that the interpreter's last flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+# ---------------------------------------------------------------- planning
+
+
+def plan_memory(args) -> None:
+    from fid.config import ConfigError, ReaderTrainConfig, RetrieverTrainConfig
+    from fid.memory.command_plans import command_plan_inputs, effective_tokens
+    from fid.memory.plan import MemoryDoesNotFit, fit_memory, parse_size, plan_step, plan_summary
+
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size = {args.world_size} is out of range: expected >= 1")
+    memory = None if args.gpu_memory is None else parse_size(args.gpu_memory)
+    config_class = ReaderTrainConfig if args.planned == "train-reader" else RetrieverTrainConfig
+    cfg = _load_config(args, config_class)
+    inputs = command_plan_inputs(args.planned, cfg, args.model, args.world_size, args.plan_device)
+    plan = plan_step(inputs)
+    fit = None if memory is None else fit_memory(inputs, memory, effective_tokens(inputs, cfg))
+    print(plan_summary(plan, args.model, cfg, memory, fit))
+    if memory is not None and plan.peak > memory:
+        raise MemoryDoesNotFit(f"{args.config}: does not fit in {args.gpu_memory} (above)")

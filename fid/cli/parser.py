@@ -13,7 +13,7 @@ from fid.cli import commands
 MODEL_FREE = frozenset({
     "download", "extract", "prepare-questions", "make-reader-lists", "make-demo-data",
     "make-scale-data", "build-bm25", "retrieve-bm25", "eval-retrieval", "eval-baseline",
-    "build-passage-store", "convert-lists", "copy-packaged-model",
+    "build-passage-store", "convert-lists", "copy-packaged-model", "plan-memory",
 })  # fmt: skip
 
 
@@ -238,4 +238,19 @@ the search); --reader, --retriever, --index, --passages replace them. Without --
         "else what the reader was trained on)",
     )
     c.add_argument("--json", action="store_true", help="one JSON object per question (a line)")
+
+    c = add(
+        "plan-memory",
+        commands.plan_memory,
+        "Predict a training step's peak memory per rank from its --config and the model's "
+        "config.json (no weights are read); with --gpu-memory, whether it fits and the largest "
+        "max_tokens_per_batch that does. Exit 1 when the config does not fit.",
+    )
+    c.add_argument("--for", dest="planned", required=True,
+                   choices=("train-reader", "train-retriever"), help="the command to plan")  # fmt: skip
+    c.add_argument("--model", required=True, help="model folder or hub name it starts from")
+    c.add_argument("--world-size", type=int, default=1, help="ranks of the run (default 1)")
+    c.add_argument("--device", dest="plan_device", choices=("cuda", "cpu"), default="cuda",
+                   help="the device it will run on (default cuda)")  # fmt: skip
+    c.add_argument("--gpu-memory", help="memory of one rank's device, e.g. 80GiB or 40GB")
     return parser

@@ -1,0 +1,72 @@
+"""What a training command's config means for its memory plan: its largest micro-batch and the
+knobs of its step, as the command would run them on the device."""
+
+from __future__ import annotations
+
+import torch
+
+from fid.config import ReaderTrainConfig, RetrieverTrainConfig
+from fid.memory.model_shapes import model_config
+from fid.memory.plan import PlanInputs
+from fid.memory.traced_step import StepRun, StepShape
+from fid.models.retriever_spec import DualEncoderSpec
+
+PLANNED_COMMANDS = ("train-reader", "train-retriever")
+
+
+def command_plan_inputs(
+    command: str,
+    cfg: ReaderTrainConfig | RetrieverTrainConfig,
+    model: str,
+    world_size: int,
+    device: str,
+) -> PlanInputs:
+    """The plan's inputs for `fid <command> --config ...` starting from `model` on `world_size`
+    ranks of `device` ("cuda" or "cpu")."""
+    precision = cfg.precision if cfg.precision != "auto" else "bf16" if device == "cuda" else "fp32"
+    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    run = StepRun(
+        autocast_dtype=autocast,
+        foreach=device == "cuda",  # AdamW's default there, with its multi-tensor temporaries
+        gradients_held=cfg.gradient_accumulation_steps > 1,
+    )
+    if command == "train-reader":
+        attention = cfg.attention if cfg.attention != "auto" else "sdpa" if device == "cuda" else "eager"
+        run = StepRun(
+            **{**run.__dict__, "checkpointing": cfg.activation_checkpointing,
+               "attention": attention, "light_tokens": cfg.light_tokens,
+               "cross_attention_every": cfg.cross_attention_every},
+        )  # fmt: skip
+        answer_tokens = cfg.target_max_tokens or cfg.max_new_tokens
+        shape = StepShape(
+            _questions(cfg, cfg.n_passages * cfg.passage_max_tokens),
+            cfg.n_passages,
+            cfg.passage_max_tokens,
+            answer_tokens,
+        )
+        return PlanInputs(command, model_config(model), shape, run, world_size, cfg.sharding,
+                          device)  # fmt: skip
+    spec = DualEncoderSpec(
+        pooling=cfg.pooling, projection_dim=cfg.projection_dim, shared=cfg.shared_encoder,
+        normalize=cfg.normalize, project_tokens=cfg.project_tokens,
+    )  # fmt: skip
+    shape = StepShape(
+        cfg.batch_size_per_device, cfg.n_passages, cfg.passage_max_tokens, cfg.question_max_tokens
+    )
+    return PlanInputs(
+        command, model_config(model), shape, run, world_size, cfg.sharding, device, spec
+    )
+
+
+def effective_tokens(inputs: PlanInputs, cfg) -> int:
+    """Passage tokens one rank feeds an optimizer step (what a new budget must keep)."""
+    shape = inputs.shape
+    return shape.questions * shape.passages * shape.passage_tokens * cfg.gradient_accumulation_steps
+
+
+def _questions(cfg: ReaderTrainConfig, tokens_per_question: int) -> int:
+    """Questions in the largest micro-batch: the batch size, or what the token budget holds
+    of full-size questions (one at least: a longer question forms its own batch)."""
+    if cfg.max_tokens_per_batch is None:
+        return cfg.batch_size_per_device
+    return max(1, cfg.max_tokens_per_batch // tokens_per_question)

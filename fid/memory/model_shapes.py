@@ -1,0 +1,69 @@
+"""A model's shape (its config.json, never its weights) from a folder, the local hub cache, or
+the table of well-known models below, so that a plan needs no network.
+
+The table holds the fields of each model's published config.json that decide its memory (the
+rest are transformers' defaults). Hub names are accepted with or without their organisation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoConfig, BertConfig, PretrainedConfig, T5Config
+
+from fid.errors import ConfigError
+
+_T5 = dict(vocab_size=32128, relative_attention_num_buckets=32, decoder_start_token_id=0,
+           pad_token_id=0, eos_token_id=1)  # fmt: skip
+_T5_V1 = dict(_T5, d_kv=64, feed_forward_proj="relu", tie_word_embeddings=True)
+_FLAN = dict(_T5, d_kv=64, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+
+# name -> (config class, fields): the shapes of the readers and retrievers FiD users start from
+KNOWN_MODELS: dict[str, tuple[type[PretrainedConfig], dict]] = {
+    "t5-small": (T5Config, dict(_T5_V1, d_model=512, d_ff=2048, num_heads=8, num_layers=6)),
+    "t5-base": (T5Config, dict(_T5_V1, d_model=768, d_ff=3072, num_heads=12, num_layers=12)),
+    "t5-large": (T5Config, dict(_T5_V1, d_model=1024, d_ff=4096, num_heads=16, num_layers=24)),
+    "t5-3b": (T5Config, dict(_T5_V1, d_model=1024, d_ff=16384, d_kv=128, num_heads=32,
+                             num_layers=24)),
+    "flan-t5-small": (T5Config, dict(_FLAN, d_model=512, d_ff=1024, num_heads=6, num_layers=8)),
+    "flan-t5-base": (T5Config, dict(_FLAN, d_model=768, d_ff=2048, num_heads=12, num_layers=12)),
+    "flan-t5-large": (T5Config, dict(_FLAN, d_model=1024, d_ff=2816, num_heads=16,
+                                     num_layers=24)),
+    "flan-t5-xl": (T5Config, dict(_FLAN, d_model=2048, d_ff=5120, num_heads=32, num_layers=24)),
+    "bert-base-uncased": (BertConfig, dict(vocab_size=30522, hidden_size=768,
+                                           num_hidden_layers=12, num_attention_heads=12,
+                                           intermediate_size=3072)),
+}  # fmt: skip
+_ORGANISATIONS = ("google-t5/", "google/", "google-bert/")
+
+
+def model_config(name_or_path: str) -> PretrainedConfig:
+    """The config of a model folder (its config.json), of a hub model in the local cache, or
+    of a model in KNOWN_MODELS.
+
+    Raises:
+        ConfigError: a folder without config.json, or a name that is none of these.
+    """
+    folder = Path(name_or_path)
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"{folder}: no config.json: expected a model folder")
+        return AutoConfig.from_pretrained(folder)
+    known = _known(name_or_path)
+    if known is not None:
+        config_class, fields = known
+        return config_class(**fields)
+    try:  # a hub model downloaded before: its cached config.json, without the network
+        return AutoConfig.from_pretrained(name_or_path, local_files_only=True)
+    except (OSError, ValueError):
+        raise ConfigError(
+            f"{name_or_path!r} is neither a model folder, a model in the local hub cache nor a "
+            f"known model: expected a folder with config.json or one of "
+            f"{', '.join(KNOWN_MODELS)}"
+        ) from None
+
+
+def _known(name: str) -> tuple[type[PretrainedConfig], dict] | None:
+    for organisation in _ORGANISATIONS:
+        name = name.removeprefix(organisation)
+    return KNOWN_MODELS.get(name)

@@ -1,0 +1,284 @@
+"""A training command's memory per rank, predicted from its config and the model's shape, and
+the largest token budget that fits a device (`fid plan-memory`).
+
+The step's tensors come from a fake-tensor run of it (fid.memory.traced_step). What the trace
+cannot see is added as stated allowances: on a GPU the CUDA context and library workspaces
+(CUDA_RUNTIME_BYTES) and the caching allocator's rounding and fragmentation
+(ALLOCATOR_FRACTION of the tensors' peak). On a CPU the plan is what the step adds to the
+process (the interpreter and torch's libraries are there before any model, ~0.4 GB); fid
+fixes glibc's mmap threshold (fid.memory.glibc) so that freed activations go back to the
+system instead of lingering in a fragmented heap, which made the resident size up to 1.6x the
+tensors' (benchmarks/memory_plan.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+
+import torch
+from transformers import PretrainedConfig
+
+from fid.errors import ConfigError
+from fid.memory.traced_step import (
+    StepRun,
+    StepShape,
+    StepTrace,
+    trace_reader_step,
+    trace_retriever_step,
+)
+from fid.models.retriever_spec import DualEncoderSpec
+
+CUDA_RUNTIME_BYTES = 1 << 30  # CUDA context, cuBLAS and NCCL workspaces: ~0.5-1 GiB measured
+ALLOCATOR_FRACTION = 0.05  # the caching allocator's block rounding and fragmentation
+FSDP_GATHERED_BLOCKS = 2  # FSDP2 holds the running block and prefetches the next one
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What decides a step's memory.
+
+    Attributes:
+        command: "train-reader" or "train-retriever".
+        config: the model's config (fid.memory.model_shapes).
+        shape: one micro-batch at its largest.
+        run: the step's knobs (checkpointing, autocast, attention kernel, ...).
+        world_size: ranks of the run; sharding "ddp" or "fsdp".
+        device: "cuda" or "cpu": which allowances apply.
+        spec: the retriever's build (projection, shared encoder).
+    """
+
+    command: str
+    config: PretrainedConfig
+    shape: StepShape
+    run: StepRun
+    world_size: int = 1
+    sharding: str = "ddp"
+    device: str = "cuda"
+    spec: DualEncoderSpec = field(default_factory=DualEncoderSpec)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Predicted peak bytes per rank, by component (`components` sums to `peak`)."""
+
+    inputs: PlanInputs
+    components: dict[str, int]
+    notes: dict[str, int]  # informative sizes, not added: activations per passage, logits, ...
+    peak: int
+
+
+def plan_step(inputs: PlanInputs) -> MemoryPlan:
+    """The predicted peak of one steady-state optimizer step per rank."""
+    trace = _trace(inputs)
+    return _plan_from_trace(inputs, trace, _model_bytes(inputs))
+
+
+def _trace(inputs: PlanInputs) -> StepTrace:
+    if inputs.command == "train-reader":
+        return trace_reader_step(inputs.config, inputs.shape, inputs.run)
+    if inputs.command == "train-retriever":
+        return trace_retriever_step(inputs.config, inputs.spec, inputs.shape, inputs.run)
+    raise ConfigError(f"{inputs.command!r}: expected train-reader or train-retriever")
+
+
+@dataclass(frozen=True)
+class _ModelBytes:
+    """fp32 bytes of the trained parameters: all of them, FSDP's sharded share, and one
+    block's (the largest)."""
+
+    total: int
+    in_blocks: int
+    largest_block: int
+
+
+def _model_bytes(inputs: PlanInputs) -> _ModelBytes:
+    from transformers import AutoModel, T5ForConditionalGeneration
+
+    with torch.device("meta"):
+        if inputs.command == "train-reader":
+            model = T5ForConditionalGeneration(inputs.config)
+            blocks = [*model.encoder.block, *model.decoder.block]
+        else:
+            model = AutoModel.from_config(inputs.config)
+            blocks = list(model.encoder.layer)
+            if not inputs.spec.shared:  # two encoders: twice the blocks
+                blocks = blocks * 2
+    copies = 1 if inputs.command == "train-reader" or inputs.spec.shared else 2
+    total = copies * sum(p.numel() * 4 for p in model.parameters())
+    sizes = [sum(p.numel() * 4 for p in block.parameters()) for block in blocks]
+    return _ModelBytes(total=total, in_blocks=sum(sizes), largest_block=max(sizes))
+
+
+def _plan_from_trace(inputs: PlanInputs, trace: StepTrace, model: _ModelBytes) -> MemoryPlan:
+    parts = dict(trace.at_peak)
+    k = inputs.world_size
+    if inputs.sharding == "fsdp" and k > 1:
+        # each rank keeps 1/k of the blocks' weights, gradients and AdamW moments; the
+        # embeddings and norms stay whole; a block is gathered whole while it runs
+        for name in ("weights", "gradients", "optimizer states"):
+            fraction = parts[name] / model.total if model.total else 0.0
+            sharded = fraction * model.in_blocks
+            parts[name] = int(parts[name] - sharded + sharded / k)
+        parts["FSDP gathered blocks"] = FSDP_GATHERED_BLOCKS * model.largest_block
+    elif k > 1:
+        parts["DDP gradient buckets"] = model.total  # the reducer's flat copy of the gradients
+    parts["master weights"] = 0  # autocast computes from the fp32 weights: they are the master
+    tensors = sum(parts.values())
+    if inputs.device == "cuda":
+        parts["allocator allowance"] = int(ALLOCATOR_FRACTION * tensors)
+        parts["CUDA runtime allowance"] = CUDA_RUNTIME_BYTES
+    shape = inputs.shape
+    vocab = getattr(inputs.config, "vocab_size", 0)
+    logits_bytes = 2 if inputs.run.autocast_dtype is not None else 4
+    notes = {
+        "encoder activations per passage": trace.encoder_activations
+        // max(1, shape.questions * shape.passages),
+        "activations after the encoder": trace.encoder_activations,
+        "activations at the loss (encoder, fusion, decoder)": trace.forward_activations,
+    }
+    if inputs.command == "train-reader":
+        notes["logits B x A x vocab"] = shape.questions * shape.answer_tokens * vocab * logits_bytes
+    if trace.update_peak:
+        notes["peak is the optimizer update's"] = trace.update_peak
+    return MemoryPlan(inputs=inputs, components=parts, notes=notes, peak=sum(parts.values()))
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The largest micro-batch that fits a memory, or what would make one question fit.
+
+    Attributes:
+        questions: full-size questions a micro-batch can hold (0: not even one).
+        max_tokens_per_batch: the token budget that holds them (questions x N x L).
+        accumulation: gradient_accumulation_steps keeping the config's effective batch.
+        plan: the plan at `questions` (or at one question, when none fits).
+        remedies: when none fits: what fits instead (a sentence each).
+    """
+
+    questions: int
+    max_tokens_per_batch: int
+    accumulation: int
+    plan: MemoryPlan
+    remedies: list[str]
+
+
+def fit_memory(inputs: PlanInputs, memory: int, effective_tokens: int) -> Fit:
+    """The largest number of full-size questions a micro-batch can hold in `memory` bytes.
+
+    The step's peak is linear in the questions of a micro-batch (each adds its encoder and
+    decoder activations), but for the optimizer's update, which does not grow: two traces (1
+    and 2 questions) give the line, a third checks the answer.
+    """
+    one = plan_step(replace(inputs, shape=replace(inputs.shape, questions=1)))
+    if one.peak > memory:
+        return Fit(0, 0, 0, one, _remedies(inputs, memory, one))
+    two = plan_step(replace(inputs, shape=replace(inputs.shape, questions=2)))
+    per_question = max(1, two.peak - one.peak)
+    questions = max(1, 1 + (memory - one.peak) // per_question)
+    plan = plan_step(replace(inputs, shape=replace(inputs.shape, questions=questions)))
+    while plan.peak > memory and questions > 1:  # the line is a fit: step back where it is off
+        questions -= 1
+        plan = plan_step(replace(inputs, shape=replace(inputs.shape, questions=questions)))
+    tokens = questions * inputs.shape.passages * inputs.shape.passage_tokens
+    return Fit(questions, tokens, max(1, math.ceil(effective_tokens / tokens)), plan, [])
+
+
+def _remedies(inputs: PlanInputs, memory: int, one: MemoryPlan) -> list[str]:
+    """What would make one question fit: checkpointing, FSDP over more ranks, fewer passages."""
+    found = []
+    single = replace(inputs, shape=replace(inputs.shape, questions=1))
+    if not inputs.run.checkpointing:
+        plan = plan_step(replace(single, run=replace(inputs.run, checkpointing=True)))
+        if plan.peak <= memory:
+            found.append(f"activation_checkpointing: true (peak {format_bytes(plan.peak)})")
+    for ranks in (2, 4, 8, 16, 32, 64):
+        if ranks <= inputs.world_size and inputs.sharding == "fsdp":
+            continue
+        plan = plan_step(replace(single, sharding="fsdp", world_size=ranks))
+        if plan.peak <= memory:
+            found.append(f"sharding: fsdp over {ranks} ranks (peak {format_bytes(plan.peak)})")
+            break
+    passages = inputs.shape.passages // 2
+    while passages >= 1:
+        shape = replace(single.shape, passages=passages)
+        plan = plan_step(replace(single, shape=shape))
+        if plan.peak <= memory:
+            found.append(f"n_passages: {passages} (peak {format_bytes(plan.peak)})")
+            break
+        passages //= 2
+    return found
+
+
+def parse_size(text: str, what: str = "--gpu-memory") -> int:
+    """Bytes of a size like "80GiB", "80 GB", "512MiB" or "1024".
+
+    Raises:
+        ConfigError: not a positive number with a known unit.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(
+            f"{what} = {text!r} is not a size: expected a positive number with a unit, e.g. "
+            "80GiB, 40GB or 512MiB"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_bytes(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+
+
+def plan_table(plan: MemoryPlan) -> str:
+    """The plan as lines of `component  size`, its total last, then the informative sizes."""
+    width = max(len(name) for name in [*plan.components, *plan.notes])
+    lines = [f"{name:<{width}}  {format_bytes(size):>12}" for name, size in plan.components.items()]
+    lines.append(f"{'peak per rank':<{width}}  {format_bytes(plan.peak):>12}")
+    lines.append("")
+    lines += [f"{name:<{width}}  {format_bytes(size):>12}" for name, size in plan.notes.items()]
+    return "\n".join(lines)
+
+
+class MemoryDoesNotFit(ConfigError):
+    """A config whose step's predicted peak exceeds the device memory given."""
+
+
+def plan_summary(plan: MemoryPlan, model: str, cfg, memory: int | None, fit: Fit | None) -> str:
+    """What `fid plan-memory` prints: what was planned, the plan, and the verdict."""
+    inputs, shape, run = plan.inputs, plan.inputs.shape, plan.inputs.run
+    precision = {None: "fp32", torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast"}
+    checkpointing = "on" if run.checkpointing else "off"
+    lines = [
+        f"fid {inputs.command} from {model}: {inputs.world_size} rank(s), {inputs.sharding}, on "
+        f"{inputs.device}, {precision[run.autocast_dtype]}, activation checkpointing "
+        f"{checkpointing}",
+        f"largest micro-batch: {shape.questions} question(s) x {shape.passages} passages x "
+        f"{shape.passage_tokens} tokens (gradient_accumulation_steps "
+        f"{cfg.gradient_accumulation_steps})",
+        "",
+        plan_table(plan),
+    ]
+    if memory is None or fit is None:
+        return "\n".join(lines)
+    lines.append("")
+    verdict = "fits" if plan.peak <= memory else "does NOT fit"
+    lines.append(f"{verdict} in {format_bytes(memory)}: predicted peak {format_bytes(plan.peak)}")
+    if fit.questions:
+        lines.append(
+            f"largest that fits: max_tokens_per_batch: {fit.max_tokens_per_batch} "
+            f"({fit.questions} full-size question(s), peak {format_bytes(fit.plan.peak)}), with "
+            f"gradient_accumulation_steps: {fit.accumulation} to keep the step's tokens"
+        )
+    elif fit.remedies:
+        lines.append("not even one question fits; each of these would make it fit:")
+        lines += [f"  {remedy}" for remedy in fit.remedies]
+    else:
+        lines.append(
+            "not even one question fits, and neither checkpointing, FSDP over up to 64 ranks "
+            "nor fewer passages make it fit: a smaller model or shorter passages"
+        )
+    return "\n".join(lines)
