@@ -14,28 +14,57 @@ DPR biencoder sample's ~750 contexts) and two kinds of questions with known answ
     an answer string (DPR's has-answer rule), as `fid eval-retrieval` counts them;
   * "ict": inverse-cloze questions (Lee et al. 2019): --span-words consecutive words of a real
     passage, --spans-per-passage per passage at seeded offsets; the answer passage is that one.
-The corpus is those real passages (rows 0..R-1, the only ones holding answers) plus synthetic
-passages up to --size, drawn to resemble the real embeddings as benchmarks/synthetic_vectors.py
-does (a mix of two real passages plus covariance-shaped noise, at an anchor's norm; its
-resemblance table is printed): each real passage thus has ~size/R distractors around it that do
-not hold its answer. Flat's own accuracy is printed to show the task is neither trivial nor
-hopeless. The relative accuracies are NOT shown to be lower bounds: on these distractors a
-compressed search can score above Flat (acc/Flat > 1: it misses some synthetic distractors and
-lifts a real passage), so the criterion is "kept @k", the share of Flat's hits the choice keeps,
-which cannot exceed 1.
+The corpus is those real passages (rows 0..R-1, the only ones holding answers) plus distractors
+up to --size, from one of three sets (--distractors):
+  * "synthetic" (the default; every table before issue 30's item 5 was measured on it): drawn to
+    resemble the real embeddings as benchmarks/synthetic_vectors.py does (a mix of two real
+    passages plus covariance-shaped noise, at an anchor's norm, a median 0.62 of it from the
+    anchor; its resemblance table is printed): each real passage has ~size/R distractors
+    around it that do not hold its answer. Flat's own accuracy is printed to show the task is
+    neither trivial nor hopeless. Here a compressed search can score ABOVE Flat: where Flat
+    ranks distractors above an answer, a search that misses some of them lifts the answer into
+    the top k ("compressed hit, Flat missed"; acc/Flat passed 1). So acc/Flat bounds nothing.
+  * "near" (honest and harder): each real passage in turn gets copies at a fixed distance
+    (--near-distance x its norm; 0.3, under the closest a synthetic distractor came to its
+    anchor in 100,000 draws, 0.33) in a random covariance-shaped direction; quantization error
+    then decides whether an answer passage or the copies just under it rank first.
+  * "below" (honest): drawn as "synthetic".
+  In "near" and "below" a distractor that scores at or above any asked question's answer
+  passage is left out (a later draw takes its place), and only the questions whose best real
+  passage holds an answer are asked (~1,800 of 2,944). Every distractor lacks the answer and
+  scores under it, so Flat ranks an answer passage first for every question and hits every
+  question at every k: a compressed search cannot answer a question Flat misses, as Flat
+  misses none; its errors can only lift passages over the answer. Per question, hit(compressed)
+  <= hit(Flat), so acc/Flat = kept and the count "compressed hit, Flat missed" is 0 by
+  construction (printed as a check, with Flat's top-1 accuracy: 1). Scores are compared on the
+  float16 vectors as stored, in the benchmark's space (after --project), with a margin of
+  BELOW_MARGIN of the answer's score (and of the runner-up real passage's) so that float32 sums
+  in another order cannot reorder them. What makes a set hard is what remains just under each
+  answer: the median number of distractors within 1% and 5% of its score is printed (at 1M:
+  below 4 / 49, near 86 / 510). At 1M, IVF1024,PQ48 re-ranked from a shortlist of 1000 at
+  nprobe 16 kept 1.0000 / 0.9994 of Flat's top-20 / top-100 hits on "synthetic", 0.9956 on
+  "below" and 0.9719 on "near". Not built: "real passages only" (916 < the 1024 lists of the
+  IVF choices).
+"kept @k", the share of Flat's hits a choice keeps, is <= 1, and on every set a lower bound of
+acc@k / Flat on the same questions (acc = kept x Flat's + the questions it alone answers).
+No set shows what Wikipedia would give at 21M: there the distractors under each answer are
+~20x denser at every margin.
 
 RAM and reads, as a user pays them: `index.faiss` bytes; the anonymous memory that loading adds
 in a fresh process (RAM held); the resident pages of the mapped ids.npy and vectors.npy after a
 pass over all questions (page cache a warm re-ranked search keeps reading); bytes read from
 disk (/proc/self/io) and ms a question with those files dropped from the page cache before each
 question (cold) and after the pass (warm), at batch 1 and at nq.yaml's batch of 128. Relative
-accuracy = choice accuracy / Flat accuracy over all questions; recall@100 = |found & Flat's
+accuracy = choice accuracy / Flat accuracy over all questions; per question, "compressed hit,
+Flat missed" and "Flat hit, compressed missed" count the questions the two disagree on at k =
+20 and 100 (acc/Flat - kept = the first count / Flat's hits); recall@100 = |found & Flat's
 top-100| / 100. The last tables extrapolate the bytes per passage to 21M x 768 (DPR) and 21M x
 256 (nq.yaml's retriever). `--project 256` measures in a d = 256 world (the corpus's top 256
 principal directions), where `nq_default` is nq.yaml's own factory and knobs.
 
     python benchmarks/compressed_index.py                       # 1M passages: ~20 min, one thread
     python benchmarks/compressed_index.py --size 200000 --choices flat opq48_rerank
+    python benchmarks/compressed_index.py --distractors near --choices flat pq48_rerank
     python benchmarks/compressed_index.py --project 256 --choices flat nq_default nq_default_refine_pq64
 """
 
@@ -77,6 +106,15 @@ NLIST = 1024
 NLIST_21M = 16384
 # nq.yaml's `retrieve.batch_size`: the questions fid searches at once
 RETRIEVE_BATCH = 128
+# --distractors below / near: how far (a share of the answer's score) every distractor and the
+# runner-up real passage stay under a question's answer. Flat and this check sum the same
+# float32 products in other orders, which moves a score by ~1e-6 of it: far less.
+BELOW_MARGIN = 1e-4
+# the margins under each answer at which below / near count distractors (how hard the set is)
+NEAR_MARGINS = (0.01, 0.05)
+# "below" / "near" draw this many times the distractors they need, more if short
+POOL_FACTOR = 1.1
+NEAR_SEED = 1  # synthesize's is 0
 
 
 @dataclass
@@ -188,13 +226,13 @@ def _questions(passages, n_squad: int, span_words: int, spans: int, seed: int):
     return texts, answers, sets
 
 
-def _project(corpus, queries, dim: int):
-    """Corpus and questions in the top `dim` principal directions of the corpus (uncentred, so
-    that inner products stay inner products of the projections): a d = 256 world from the
-    384-d one, to measure nq.yaml's d = 256 default itself."""
+def _project(corpus, queries, dim: int, n_basis: int):
+    """Corpus and questions in the top `dim` principal directions of the corpus's first
+    `n_basis` rows (uncentred, so that inner products stay inner products of the projections):
+    a d = 256 world from the 384-d one, to measure nq.yaml's d = 256 default itself."""
     import numpy as np
 
-    sample = corpus[np.random.default_rng(0).choice(len(corpus), 65536, replace=False)]
+    sample = corpus[np.random.default_rng(0).choice(n_basis, 65536, replace=False)]
     sample = sample.astype(np.float32)
     _, vectors = np.linalg.eigh(sample.T @ sample)
     basis = vectors[:, ::-1][:, :dim].astype(np.float32)  # (d, dim), largest first
@@ -229,11 +267,11 @@ def prepare(args):
     print_resemblance(real, queries)
 
     started = time.perf_counter()
-    synthetic, _ = synthesize(real, args.size - len(real))
-    corpus = np.concatenate([real, synthetic]).astype(np.float16)
-    del synthetic
-    if args.project:
-        corpus, queries = _project(corpus, queries, args.project)
+    sets = np.array(sets)
+    if args.distractors in ("below", "near"):
+        corpus, queries, answers, sets = _honest_corpus(real, queries, answers, sets, args)
+    else:
+        corpus, queries = _draw(real, queries, args.size - len(real), args)
     shards = args.workdir / "shards"
     shutil.rmtree(shards, ignore_errors=True)
     shards.mkdir()
@@ -245,7 +283,106 @@ def prepare(args):
         save_embedding_shard(shards / f"shard{k}", corpus[lo:hi], ids, k, 4, "all-MiniLM-L6-v2")
         prefixes.append(shards / f"shard{k}")
     print(f"\nCorpus of {args.size} passages written in {time.perf_counter() - started:.0f} s")
-    return corpus, queries, answers, np.array(sets), prefixes
+    return corpus, queries, answers, sets, prefixes
+
+
+def _draw(real, queries, n: int, args):
+    """The real passages and n distractors as float16 (as the shards store them) and the
+    questions, in the benchmark's space (projected when --project; the basis is the first
+    --size rows', so that a longer draw keeps the default set's basis)."""
+    import numpy as np
+
+    if args.distractors == "near":
+        synthetic, _ = _near_copies(real, n, args.near_distance)
+    else:
+        synthetic, _ = synthesize(real, n)
+    corpus = np.concatenate([real, synthetic]).astype(np.float16)
+    del synthetic
+    if args.project:
+        corpus, queries = _project(corpus, queries, args.project, args.size)
+    return corpus, queries
+
+
+def _honest_corpus(real, queries, answers, sets, args):
+    """--distractors below / near (the module docstring says why Flat hits every question): the
+    corpus, and the questions asked (their embeddings, answer rows and set names)."""
+    import numpy as np
+
+    n_real, needed, factor = len(real), args.size - len(real), POOL_FACTOR
+    while True:
+        pool, queries_here = _draw(real, queries, int(needed * factor), args)
+        asked, answer_scores = _answered_first(pool[:n_real], queries_here, answers)
+        kept, near = _below_answers(pool[n_real:], queries_here[asked], answer_scores[asked],
+                                    needed)  # fmt: skip
+        if len(kept) == needed:
+            break
+        # short: draw again, enough at the share kept this time
+        factor *= 1.05 * needed / max(len(kept), 1)
+    print(
+        f"\n{args.distractors}: {asked.sum()} of {len(asked)} questions asked "
+        f"({(sets[asked] == 'squad').sum()} squad; best real passage holds an answer, "
+        f"{BELOW_MARGIN:g} of its score ahead of the next); {needed} of {kept[-1] + 1} "
+        "distractors drawn kept (the rest outrank an answer); distractors within "
+        + ", ".join(f"{m:.0%}: {np.median(c):.0f}" for m, c in zip(NEAR_MARGINS, near, strict=True))
+        + " under a question's answer (median per question)"
+    )
+    corpus = np.concatenate([pool[:n_real], pool[n_real:][kept]])
+    rows = np.flatnonzero(asked)
+    return corpus, queries_here[asked], [answers[i] for i in rows], sets[asked]
+
+
+def _near_copies(real, n: int, distance: float):
+    """n vectors, each at `distance` x its passage's norm from a real passage (taken in turn),
+    in a random direction shaped like the real embeddings' covariance (as synthesize's noise),
+    and the passage of each."""
+    import numpy as np
+
+    real = real.astype(np.float32)
+    factor = (real - real.mean(0)) / np.float32(np.sqrt(len(real) - 1))
+    norms = np.linalg.norm(real, axis=1)
+    out = np.empty((n, real.shape[1]), np.float32)
+    anchors = np.arange(n) % len(real)
+    for chunk, lo in enumerate(range(0, n, 100_000)):
+        rng = np.random.default_rng([NEAR_SEED, chunk])
+        rows = anchors[lo : lo + 100_000]
+        step = rng.standard_normal((len(rows), len(real)), dtype=np.float32) @ factor
+        step *= (distance * norms[rows] / np.linalg.norm(step, axis=1))[:, None]
+        out[lo : lo + len(rows)] = real[rows] + step
+    return out, anchors
+
+
+def _answered_first(real, queries, answers):
+    """Which questions' best-scoring real passage holds an answer, ahead of the runner-up by
+    more than BELOW_MARGIN of its score (a mask), and each question's best score."""
+    import numpy as np
+
+    scores = queries.astype(np.float32) @ real.astype(np.float32).T
+    best, runner_up = np.argsort(-scores, axis=1)[:, :2].T
+    rows = np.arange(len(scores))
+    first, second = scores[rows, best], scores[rows, runner_up]
+    holds = np.array([b in a for b, a in zip(best, answers, strict=True)])
+    return holds & (first - second > BELOW_MARGIN * np.abs(first)), first
+
+
+def _below_answers(pool, queries, answer_scores, n: int):
+    """The first n rows of `pool` (float16 as stored) that score under every question's answer
+    score by more than BELOW_MARGIN of it, and for each margin of NEAR_MARGINS how many of them
+    come within it of each question's answer (NEAR_MARGINS x questions)."""
+    import numpy as np
+
+    ceiling = answer_scores - BELOW_MARGIN * np.abs(answer_scores)
+    floors = [answer_scores - m * np.abs(answer_scores) for m in NEAR_MARGINS]
+    queries = queries.astype(np.float32)
+    kept, near = [], np.zeros((len(NEAR_MARGINS), len(queries)), np.int64)
+    for start in range(0, len(pool), 65536):
+        scores = pool[start : start + 65536].astype(np.float32) @ queries.T
+        below = np.flatnonzero((scores < ceiling).all(axis=1))[: n - sum(map(len, kept))]
+        kept.append(start + below)
+        for counts, floor in zip(near, floors, strict=True):
+            counts += (scores[below] > floor).sum(axis=0)
+        if sum(map(len, kept)) == n:
+            break
+    return np.concatenate(kept), near
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,6 +492,12 @@ def _mapped_kb(name: str) -> int:
     return total
 
 
+def _disagreements(result: dict, flat: dict, k: int) -> tuple[int, int]:
+    """Questions this choice answers in its top k and Flat does not, and the reverse."""
+    ours, exact = result[f"hits{k}"], flat[f"hits{k}"]
+    return int((ours & ~exact).sum()), int((exact & ~ours).sum())
+
+
 def _hits(rows, answers, k: int):
     import numpy as np
 
@@ -415,6 +558,7 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
                 "build_cpu_s": build_cpu,
                 "ms": wall * 1000 / len(queries),
                 "cpu_ms": cpu * 1000 / len(queries),
+                "hits1": _hits(rows, answers, 1),
                 "hits20": _hits(rows, answers, 20),
                 "hits100": _hits(rows, answers, 100),
                 "recall": recall,
@@ -441,25 +585,32 @@ def report(results: list[dict], sets, args) -> None:
     flat = next(r for r in results if r["choice"] == "flat")
     flat_mb = flat["index_mb"]
     dim = args.project or 384
-    print(f"\n### Flat's own accuracy ({args.size} passages, d={dim})\n")
-    print("| questions | n | top-20 | top-100 |")
-    print("|---|---|---|---|")
+    print(f"\n### Flat's own accuracy ({args.size} passages, d={dim}, {args.distractors})\n")
+    print("| questions | n | top-1 | top-20 | top-100 |")
+    print("|---|---|---|---|---|")
     for label, mask in (("all", np.ones(len(sets), bool)), ("squad", sets == "squad"),
                         ("ict", sets == "ict")):  # fmt: skip
         print(
-            f"| {label} | {mask.sum()} | {flat['hits20'][mask].mean():.3f} | "
-            f"{flat['hits100'][mask].mean():.3f} |"
+            f"| {label} | {mask.sum()} | {flat['hits1'][mask].mean():.3f} | "
+            f"{flat['hits20'][mask].mean():.3f} | {flat['hits100'][mask].mean():.3f} |"
+        )
+    if args.distractors != "synthetic":
+        print(
+            f"\n{args.distractors}: Flat ranks an answer passage first for "
+            f"{flat['hits1'].sum()} of {len(sets)} questions (all, by construction), so no "
+            "choice can hit a question Flat misses."
         )
     print(
         f"\n### Compressed indexes vs Flat ({args.size} passages, d={dim}, {len(sets)} questions, "
-        "k=100, one thread)\n"
+        f"{args.distractors} distractors, k=100, one thread)\n"
     )
     print(
         "| choice | factory | rerank | knobs | index MB (x Flat) | +anon MB at load | "
         "mapped MB after search | build s wall (CPU) | ms/question wall (CPU) | acc@20 / "
-        "Flat | acc@100 / Flat | Flat's hits kept @20 | kept @100 | recall@100 |"
+        "Flat | acc@100 / Flat | Flat's hits kept @20 | kept @100 | compressed hit, Flat "
+        "missed @20 / @100 | Flat hit, compressed missed @20 / @100 | recall@100 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         cells = []
         for k in (20, 100):
@@ -469,21 +620,24 @@ def report(results: list[dict], sets, args) -> None:
             ours, exact = r[f"hits{k}"], flat[f"hits{k}"]
             cells.append((ours & exact).sum() / exact.sum())
         recall = "1" if r["choice"] == "flat" else f"{r['recall']:.3f}"
+        gained, lost = zip(*(_disagreements(r, flat, k) for k in (20, 100)), strict=True)
         print(
             f"| {r['choice']} | `{r['factory']}` | {'yes' if r['rerank'] else 'no'} | "
             f"{_knob_text(r['knobs'])} | {r['index_mb']:.0f} (1/{flat_mb / r['index_mb']:.1f}) | "
             f"{r['anon_mb']:.0f} | {r['mapped_mb']:.0f} | {r['build_s']:.0f} "
             f"({r['build_cpu_s']:.0f}) | {r['ms']:.2f} ({r['cpu_ms']:.2f}) | "
             + " | ".join(f"{c:.4f}" for c in cells)
-            + f" | {recall} |",
+            + f" | {gained[0]} / {gained[1]} | {lost[0]} / {lost[1]} | {recall} |",
             flush=True,
         )
     print(
         "\nindex MB = index.faiss (codes, inverted-list ids, centroids, rotations); ids.npy and "
         "vectors.npy are memory-mapped. 1/x = Flat's index.faiss / this one's. acc@k / Flat "
-        "can pass 1: a search that misses some synthetic distractors lifts a real answer "
-        "passage; 'kept' counts only Flat's hits (questions Flat answers in its top k that "
-        "this one answers too), the criterion for the default."
+        "can pass 1 on the synthetic distractors: a search that misses some of those Flat ranks "
+        "above an answer lifts the answer ('compressed hit, Flat missed'); on 'near' and "
+        "'below' it cannot (Flat hits every question). 'kept' counts only Flat's hits "
+        "(questions Flat answers in its top k that this one answers too), the criterion for the "
+        "default."
     )
     paid_table(results, args.size, dim)
     extrapolate(results, flat, args.size, dim)
@@ -585,6 +739,12 @@ def main() -> None:
     parser.add_argument(
         "--choices", nargs="+", default=DEFAULT_CHOICES, choices=list(_choices(384))
     )
+    parser.add_argument("--distractors", choices=["synthetic", "below", "near"],
+                        default="synthetic", help="synthetic (may favour a compressed search), "
+                        "below or near (honest: none outranks an answer, so no choice can beat "
+                        "Flat); see the docstring")  # fmt: skip
+    parser.add_argument("--near-distance", type=float, default=0.3,
+                        help="near: each copy's distance from its passage, x its norm")  # fmt: skip
     parser.add_argument("--span-words", type=int, default=12, help="words of an ict question")
     parser.add_argument("--spans-per-passage", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=WORKDIR)
@@ -608,8 +768,12 @@ def main() -> None:
     report(results, sets, args)
     print(f"\nTotal wall time {time.perf_counter() - started:.0f} s")
     if args.json:
-        keep = [{k: v for k, v in r.items() if k not in ("rows", "hits20", "hits100")}
-                | {"acc20": float(r["hits20"].mean()), "acc100": float(r["hits100"].mean())}
+        flat = results[0]
+        keep = [{k: v for k, v in r.items() if k not in ("rows", "hits1", "hits20", "hits100")}
+                | {"acc20": float(r["hits20"].mean()), "acc100": float(r["hits100"].mean()),
+                   "distractors": args.distractors}
+                | {f"{name}{k}": n for k in (20, 100)
+                   for name, n in zip(("gained", "lost"), _disagreements(r, flat, k), strict=True)}
                 for r in results]  # fmt: skip
         args.json.write_text(json.dumps(keep, indent=2))
 
