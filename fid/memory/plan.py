@@ -4,8 +4,10 @@ the largest token budget that fits a device (`fid plan-memory`).
 The step's tensors come from a fake-tensor run of it (fid.memory.traced_step). What the trace
 cannot see is added as stated allowances: on a GPU the CUDA context and library workspaces
 (CUDA_RUNTIME_BYTES) and the caching allocator's rounding and fragmentation
-(ALLOCATOR_FRACTION of the tensors' peak). On a CPU the plan is what the step adds to the
-process (the interpreter and torch's libraries are there before any model, ~0.4 GB); fid
+(ALLOCATOR_FRACTION of the tensors' peak; both to be measured on a GPU: benchmarks/
+gpu_check.py); on a CPU what a training step adds beyond its tensors (CPU_RUNTIME_BYTES: 10-14
+MB measured at the smallest step). On a CPU the plan is what the step adds to the process
+(the interpreter and torch's libraries are there before any model, ~0.4 GB); fid
 fixes glibc's mmap threshold (fid.memory.glibc) so that freed activations go back to the
 system instead of lingering in a fragmented heap, which made the resident size up to 1.6x the
 tensors' (benchmarks/memory_plan.py).
@@ -30,6 +32,7 @@ from fid.memory.traced_step import (
 )
 from fid.models.retriever_spec import DualEncoderSpec
 
+CPU_RUNTIME_BYTES = 12 << 20  # oneDNN's generated kernels and scratch, autograd's graph
 CUDA_RUNTIME_BYTES = 1 << 30  # CUDA context, cuBLAS and NCCL workspaces: ~0.5-1 GiB measured
 ALLOCATOR_FRACTION = 0.05  # the caching allocator's block rounding and fragmentation
 FSDP_GATHERED_BLOCKS = 2  # FSDP2 holds the running block and prefetches the next one
@@ -131,6 +134,8 @@ def _plan_from_trace(inputs: PlanInputs, trace: StepTrace, model: _ModelBytes) -
     if inputs.device == "cuda":
         parts["allocator allowance"] = int(ALLOCATOR_FRACTION * tensors)
         parts["CUDA runtime allowance"] = CUDA_RUNTIME_BYTES
+    else:
+        parts["CPU runtime allowance"] = CPU_RUNTIME_BYTES
     shape = inputs.shape
     vocab = getattr(inputs.config, "vocab_size", 0)
     logits_bytes = 2 if inputs.run.autocast_dtype is not None else 4
