@@ -23,7 +23,6 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -214,7 +213,9 @@ def main() -> None:
             flush=True,
         )
     worst = max(abs(row["error"]) for row in rows)
-    print(f"worst error {100 * worst:.1f}% (goal {100 * goal:.0f}%): {'met' if worst <= goal else 'NOT met'}")
+    print(
+        f"worst error {100 * worst:.1f}% (goal {100 * goal:.0f}%): {'met' if worst <= goal else 'NOT met'}"
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

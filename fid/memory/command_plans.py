@@ -31,7 +31,9 @@ def command_plan_inputs(
         gradients_held=cfg.gradient_accumulation_steps > 1,
     )
     if command == "train-reader":
-        attention = cfg.attention if cfg.attention != "auto" else "sdpa" if device == "cuda" else "eager"
+        attention = (
+            cfg.attention if cfg.attention != "auto" else "sdpa" if device == "cuda" else "eager"
+        )
         run = StepRun(
             **{**run.__dict__, "checkpointing": cfg.activation_checkpointing,
                "attention": attention, "light_tokens": cfg.light_tokens,

@@ -1,0 +1,204 @@
+"""fid plan-memory (fid.memory): the traced step's components equal exact counts and the real
+step's tensors; the fit, the command line and its errors; glibc's heap setting."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import BertConfig, T5Config, T5ForConditionalGeneration
+
+from fid.cli import main
+from fid.memory.model_shapes import model_config
+from fid.memory.plan import PlanInputs, fit_memory, parse_size, plan_step
+from fid.memory.traced_step import (
+    StepRun,
+    StepShape,
+    _PeakTracker,
+    _snapshot,
+    trace_reader_step,
+    trace_retriever_step,
+)
+from fid.models.reader import FiDReader
+from fid.models.retriever_spec import DualEncoderSpec
+from fid.runtime.heap import return_freed_memory
+
+T5_SHAPE = dict(d_model=32, d_ff=64, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=4,
+                vocab_size=400, decoder_start_token_id=0, pad_token_id=0)  # fmt: skip
+SHAPE = StepShape(questions=2, passages=6, passage_tokens=40, answer_tokens=5)
+
+
+def _real_reader(checkpointing: bool) -> FiDReader:
+    torch.manual_seed(0)
+    reader = FiDReader(T5ForConditionalGeneration(T5Config(**T5_SHAPE)), encoder_buckets=3)
+    reader.set_attention("eager", torch.device("cpu"))
+    reader.set_activation_checkpointing(checkpointing)
+    return reader.train()
+
+
+def _batch():
+    B, N, L, A = SHAPE.questions, SHAPE.passages, SHAPE.passage_tokens, SHAPE.answer_tokens
+    ids = torch.randint(2, 400, (B, N, L))  # every passage full length, as the plan assumes
+    return ids, torch.ones_like(ids), torch.randint(2, 400, (B, A))
+
+
+def test_weights_gradients_and_optimizer_states_equal_exact_counts():
+    reader = _real_reader(False)
+    optimizer = torch.optim.AdamW(reader.parameters())
+    ids, mask, labels = _batch()
+    reader(ids, mask, labels=labels).loss.backward()
+    optimizer.step()
+    weights = sum(p.numel() * p.element_size() for p in reader.parameters())
+    moments = sum(
+        t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+    )
+    trace = trace_reader_step(
+        T5Config(**T5_SHAPE), SHAPE, StepRun(gradients_held=True, encoder_buckets=3)
+    )
+    assert trace.at_peak["weights"] == weights  # to the byte
+    assert trace.at_peak["gradients"] == weights  # accumulating: every gradient is alive
+    assert trace.at_peak["optimizer states"] == moments  # two moments and a step count each
+
+
+def test_activations_equal_what_the_real_step_saves_for_backward():
+    reader = _real_reader(False)
+    parameters = {p.untyped_storage().data_ptr() for p in reader.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids, mask, labels = _batch()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        reader(ids, mask, labels=labels)
+    trace = trace_reader_step(T5Config(**T5_SHAPE), SHAPE, StepRun(encoder_buckets=3))
+    assert trace.forward_activations == pytest.approx(sum(saved.values()), rel=1e-3)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_traced_peak_equals_the_real_steps_tensors(checkpointing):
+    """The real FiDReader step on real tensors, counted by the same tracker."""
+    reader = _real_reader(checkpointing)
+    optimizer = torch.optim.AdamW(reader.parameters())
+    for parameter in reader.parameters():  # the steady state: AdamW's moments exist
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    ids, mask, labels = _batch()
+    tracker = _PeakTracker()
+    tracker.track_external(reader, optimizer)
+    with tracker:
+        reader(ids, mask, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    real = _snapshot(tracker, "peak")["total"]
+    run = StepRun(checkpointing=checkpointing, encoder_buckets=3)
+    assert trace_reader_step(T5Config(**T5_SHAPE), SHAPE, run).peak == pytest.approx(real, rel=0.02)
+
+
+def test_a_retriever_step_is_traced():
+    config = BertConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                        num_hidden_layers=2, vocab_size=400)  # fmt: skip
+    small = trace_retriever_step(config, DualEncoderSpec(), StepShape(2, 4, 30, 10), StepRun())
+    large = trace_retriever_step(config, DualEncoderSpec(), StepShape(4, 4, 30, 10), StepRun())
+    assert small.at_peak["activations"] > 0
+    assert large.peak > small.peak  # more questions, more activations
+
+
+def test_known_models_need_no_network_and_unknown_names_are_one_error():
+    with torch.device("meta"):
+        t5 = T5ForConditionalGeneration(model_config("google-t5/t5-small"))
+    assert sum(p.numel() for p in t5.parameters()) == 60_506_624  # t5-small's published count
+    with pytest.raises(ValueError, match="neither a model folder.*t5-base"):
+        model_config("no-such-org/no-such-model")
+
+
+def _inputs(**changes) -> PlanInputs:
+    inputs = PlanInputs("train-reader", T5Config(**T5_SHAPE), replace(SHAPE, questions=1),
+                        StepRun(encoder_buckets=3), device="cpu")  # fmt: skip
+    return replace(inputs, **changes)
+
+
+def test_the_fit_is_the_largest_batch_under_the_memory_and_shrinks_with_it():
+    one = plan_step(_inputs()).peak
+    memory = one + 20 * (plan_step(_inputs(shape=replace(SHAPE, questions=2))).peak - one)
+    fit = fit_memory(_inputs(), memory, effective_tokens=64 * 6 * 40)
+    assert fit.plan.peak <= memory
+    bigger = replace(SHAPE, questions=fit.questions + 1)
+    assert plan_step(_inputs(shape=bigger)).peak > memory
+    assert fit.max_tokens_per_batch == fit.questions * 6 * 40
+    assert fit.accumulation == -(-64 // fit.questions)  # keeps the 64 questions a step
+    smaller = fit_memory(_inputs(), memory // 2, effective_tokens=64 * 6 * 40)
+    assert 0 < smaller.questions < fit.questions
+
+
+def test_sharding_over_more_ranks_plans_less_per_rank():
+    ddp = plan_step(_inputs())
+    fsdp = plan_step(_inputs(sharding="fsdp", world_size=4))
+    assert fsdp.components["optimizer states"] < ddp.components["optimizer states"]
+    assert "FSDP gathered blocks" in fsdp.components
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "train_reader.yaml"
+    path.write_text("n_passages: 6\npassage_max_tokens: 40\ntarget_max_tokens: 5\n"
+                    "activation_checkpointing: false\nencoder_buckets: 3\n")  # fmt: skip
+    return path
+
+
+def _plan(config, model, *flags):
+    argv = ["plan-memory", "--for", "train-reader", "--model", str(model), "--config",
+            str(config), "--device", "cpu", *flags]  # fmt: skip
+    return main(argv)
+
+
+def test_plan_memory_says_what_fits(config, tiny_model_dir, capsys):
+    assert _plan(config, tiny_model_dir) == 0
+    out = capsys.readouterr().out
+    assert "activations at the loss" in out and "peak per rank" in out
+    assert _plan(config, tiny_model_dir, "--gpu-memory", "4GiB") == 0
+    out = capsys.readouterr().out
+    assert "fits in 4.00 GiB" in out and "largest that fits: max_tokens_per_batch:" in out
+
+
+def test_plan_memory_refuses_what_cannot_fit(config, tiny_model_dir, capsys, caplog):
+    assert _plan(config, tiny_model_dir, "--gpu-memory", "14MiB") == 1
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "not even one question fits" in out
+    assert "does not fit in 14MiB" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--gpu-memory", "lots"], "--gpu-memory = 'lots' is not a size"),
+        (["--gpu-memory", "0GiB"], "is not a size"),
+        (["--world-size", "0"], "--world-size = 0 is out of range"),
+    ],
+)
+def test_bad_plan_inputs_are_one_error(flags, message, config, tiny_model_dir, caplog):
+    assert _plan(config, tiny_model_dir, *flags) == 1
+    assert message in caplog.text
+
+
+def test_an_unknown_model_offline_is_one_error(config, caplog):
+    assert _plan(config, "someone/unknown-model") == 1
+    assert "'someone/unknown-model' is neither a model folder" in caplog.text
+
+
+def test_sizes():
+    assert parse_size("80GiB") == 80 * 2**30
+    assert parse_size("40 GB") == 40 * 10**9
+    assert parse_size("512mib") == 512 * 2**20
+
+
+def test_the_heap_keeps_large_blocks_in_their_own_mappings(monkeypatch):
+    assert return_freed_memory() is True  # glibc on Linux, as CI's machines
+    monkeypatch.setitem(os.environ, "MALLOC_MMAP_THRESHOLD_", "65536")
+    assert return_freed_memory() is False  # the user's own setting wins
