@@ -11,7 +11,7 @@ import torch
 from transformers import BertConfig, T5Config, T5ForConditionalGeneration
 
 from fid.cli import main
-from fid.memory.model_shapes import model_config
+from fid.memory.model_shapes import build_t5, model_config
 from fid.memory.plan import PlanInputs, fit_memory, parse_size, plan_step
 from fid.memory.traced_step import (
     StepRun,
@@ -114,6 +114,9 @@ def test_known_models_need_no_network_and_unknown_names_are_one_error():
     with torch.device("meta"):
         t5 = T5ForConditionalGeneration(model_config("google-t5/t5-small"))
     assert sum(p.numel() for p in t5.parameters()) == 60_506_624  # t5-small's published count
+    with torch.device("meta"):
+        flan = build_t5(model_config("google/flan-t5-small"))
+    assert sum(p.numel() for p in flan.parameters()) == 76_961_152  # its own lm_head
     with pytest.raises(ValueError, match="neither a model folder.*t5-base"):
         model_config("no-such-org/no-such-model")
 

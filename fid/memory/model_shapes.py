@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from transformers import AutoConfig, BertConfig, PretrainedConfig, T5Config
 
 from fid.errors import ConfigError
@@ -35,6 +36,19 @@ KNOWN_MODELS: dict[str, tuple[type[PretrainedConfig], dict]] = {
                                            intermediate_size=3072)),
 }  # fmt: skip
 _ORGANISATIONS = ("google-t5/", "google/", "google-bert/")
+
+
+def build_t5(config: PretrainedConfig):
+    """The T5 transformers builds for `config`, with the lm_head of its own that T5 v1.1 and
+    flan-t5 have (config `tie_word_embeddings: false`). transformers 5 builds every T5 tied
+    (the flag survives as `scale_decoder_outputs`) and unties it only when loading a checkpoint
+    that holds an lm_head: a plan from the config alone must untie it itself."""
+    from transformers import T5ForConditionalGeneration
+
+    t5 = T5ForConditionalGeneration(config)
+    if not getattr(config, "scale_decoder_outputs", True):
+        t5.lm_head.weight = torch.nn.Parameter(torch.empty_like(t5.shared.weight))
+    return t5
 
 
 def model_config(name_or_path: str) -> PretrainedConfig:

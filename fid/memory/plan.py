@@ -99,11 +99,13 @@ class _ModelBytes:
 
 
 def _model_bytes(inputs: PlanInputs) -> _ModelBytes:
-    from transformers import AutoModel, T5ForConditionalGeneration
+    from transformers import AutoModel
+
+    from fid.memory.model_shapes import build_t5
 
     with torch.device("meta"):
         if inputs.command == "train-reader":
-            model = T5ForConditionalGeneration(inputs.config)
+            model = build_t5(inputs.config)
             blocks = [*model.encoder.block, *model.decoder.block]
         else:
             model = AutoModel.from_config(inputs.config)

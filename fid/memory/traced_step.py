@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
-from transformers import AutoModel, PretrainedConfig, T5ForConditionalGeneration
+from transformers import AutoModel, PretrainedConfig
 from transformers.modeling_outputs import BaseModelOutput
 
+from fid.memory.model_shapes import build_t5
 from fid.models.reader_variants import remove_cross_attention
 from fid.models.retriever import DualEncoder
 from fid.models.retriever_spec import DualEncoderSpec
@@ -101,7 +102,7 @@ class StepTrace:
 def trace_reader_step(config: PretrainedConfig, shape: StepShape, run: StepRun) -> StepTrace:
     """A FiD reader's forward, backward and AdamW update at `shape`, on fake tensors."""
     with _fake_mode():
-        t5 = T5ForConditionalGeneration(config)
+        t5 = build_t5(config)
         if run.cross_attention_every is not None:
             remove_cross_attention(t5, run.cross_attention_every)
         t5.set_attn_implementation(run.attention)
