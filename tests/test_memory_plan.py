@@ -205,3 +205,19 @@ def test_the_heap_keeps_large_blocks_in_their_own_mappings(monkeypatch):
     assert return_freed_memory() is True  # glibc on Linux, as CI's machines
     monkeypatch.setitem(os.environ, "MALLOC_MMAP_THRESHOLD_", "65536")
     assert return_freed_memory() is False  # the user's own setting wins
+
+
+def test_the_plan_runs_the_step_as_the_config_says(tiny_model_dir):
+    from fid.config import ReaderTrainConfig
+    from fid.memory.command_plans import command_plan_inputs
+
+    cfg = ReaderTrainConfig(n_passages=6, passage_max_tokens=40, encoder_buckets=1,
+                            activation_checkpointing=True, precision="auto")  # fmt: skip
+    inputs = command_plan_inputs("train-reader", cfg, str(tiny_model_dir), 1, "cpu")
+    assert (inputs.run.encoder_buckets, inputs.run.checkpointing) == (1, True)
+    assert inputs.run.autocast_dtype is None  # "auto" is fp32 for training on a CPU
+    on_gpu = command_plan_inputs("train-reader", cfg, str(tiny_model_dir), 1, "cuda")
+    assert on_gpu.run.autocast_dtype == torch.bfloat16 and on_gpu.run.attention == "sdpa"
+    # one bucket: a checkpointed block recomputes every passage at once, more than in 3
+    three = replace(inputs, run=replace(inputs.run, encoder_buckets=3))
+    assert plan_step(inputs).peak > plan_step(three).peak

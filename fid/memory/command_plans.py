@@ -3,6 +3,8 @@ knobs of its step, as the command would run them on the device."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from fid.config import ReaderTrainConfig, RetrieverTrainConfig
@@ -10,6 +12,7 @@ from fid.memory.model_shapes import model_config
 from fid.memory.plan import PlanInputs
 from fid.memory.traced_step import StepRun, StepShape
 from fid.models.retriever_spec import DualEncoderSpec
+from fid.runtime.precision import resolve_precision
 
 PLANNED_COMMANDS = ("train-reader", "train-retriever")
 
@@ -23,7 +26,7 @@ def command_plan_inputs(
 ) -> PlanInputs:
     """The plan's inputs for `fid <command> --config ...` starting from `model` on `world_size`
     ranks of `device` ("cuda" or "cpu")."""
-    precision = cfg.precision if cfg.precision != "auto" else "bf16" if device == "cuda" else "fp32"
+    precision = resolve_precision(cfg.precision, torch.device(device))  # as training resolves it
     autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     run = StepRun(
         autocast_dtype=autocast,
@@ -34,10 +37,10 @@ def command_plan_inputs(
         attention = (
             cfg.attention if cfg.attention != "auto" else "sdpa" if device == "cuda" else "eager"
         )
-        run = StepRun(
-            **{**run.__dict__, "checkpointing": cfg.activation_checkpointing,
-               "attention": attention, "light_tokens": cfg.light_tokens,
-               "cross_attention_every": cfg.cross_attention_every},
+        run = replace(
+            run, checkpointing=cfg.activation_checkpointing, attention=attention,
+            encoder_buckets=cfg.encoder_buckets, light_tokens=cfg.light_tokens,
+            cross_attention_every=cfg.cross_attention_every,
         )  # fmt: skip
         answer_tokens = cfg.target_max_tokens or cfg.max_new_tokens
         shape = StepShape(
