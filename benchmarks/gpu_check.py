@@ -56,6 +56,13 @@ def _fid(*args, env: dict | None = None, check: bool = True) -> subprocess.Compl
     return result
 
 
+def _child_error(stderr: str) -> str:
+    """A failed child's own traceback: torchrun appends a long trailer (the script's text, its
+    exit record) that would push the traceback out of a tail of the output."""
+    start = stderr.find("Traceback (most recent call last)")
+    return stderr[start : start + 3000] if start >= 0 else stderr[-3000:]
+
+
 def _yaml(path: Path, values: dict) -> Path:
     import yaml
 
@@ -212,7 +219,7 @@ class Run:
                    sys.executable, "-c", _PROCESS_GROUP, str(self.out / "init_reader")]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
                                 env={**os.environ, **self.device_env})  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.returncode == 0, _child_error(result.stderr)
         return result.stdout.strip().splitlines()[-1]
 
     def train_retriever(self) -> str:
@@ -246,7 +253,7 @@ class Run:
                    "--device", self.device, *(["--options", *options] if options else [])]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900,
                                 env={**os.environ, **self.device_env})  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.returncode == 0, _child_error(result.stderr)
         (self.out / "acceleration_speed.txt").write_text(result.stdout)
         return f"table in {self.out / 'acceleration_speed.txt'}"
 
@@ -254,7 +261,7 @@ class Run:
         result = subprocess.run([sys.executable, "-c", _MFU, self.device, str(self.small)],
                                 capture_output=True, text=True, cwd=ROOT, timeout=900,
                                 env={**os.environ, **self.device_env})  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.returncode == 0, _child_error(result.stderr)
         figures = json.loads(result.stdout.strip().splitlines()[-1])
         peak = next((v for k, v in PEAK_BF16.items() if k in figures["device_name"]), None)
         achieved = figures["flops"] / figures["step_s"]

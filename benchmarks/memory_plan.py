@@ -201,7 +201,10 @@ def main() -> None:
         command = [sys.executable, __file__, "--device", args.device, "--case", json.dumps(case)]
         if args.no_heap_fix:
             command.append("--no-heap-fix")
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:  # the case's own error, not only its exit status
+            sys.exit(f"case {case} failed:\n{result.stderr[-3000:]}")
+        out = result.stdout
         row = json.loads(out.strip().splitlines()[-1])
         row["error"] = row["predicted"] / row["measured"] - 1
         rows.append(row)
