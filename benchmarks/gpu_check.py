@@ -296,6 +296,7 @@ from safetensors.torch import load_file
 from fid.config import ReaderTrainConfig
 from fid.training import sharding
 from fid.training.reader import build_start_reader
+from fid.training.optim import build_optimizer
 from fid.training.sharded_weights import export_weights_from_shards
 # as fid train-reader builds it: with more than one rank, sharded from the meta device, each
 # rank reading its own slices of the start weights
@@ -308,7 +309,7 @@ loss = reader(ids, torch.ones_like(ids), labels=torch.randint(3, 400, (2, 4), de
 loss.backward()
 sharding.average_replicated_gradients(replicated)
 norm = sharding.clip_grad_norm([p for p in reader.parameters()], 1.0)
-torch.optim.AdamW(reader.parameters(), lr=1e-3).step()
+build_optimizer(reader, 1e-3, 0.01).step()  # fid's groups: shards and replicated apart
 export = Path(distributed.broadcast_object(tempfile.mkdtemp() if distributed.is_main() else None))
 export_weights_from_shards(reader.t5, export)  # each rank its shards, rank 0 assembles the file
 full = load_file(export / "model.safetensors") if distributed.is_main() else {"-": torch.zeros(1)}

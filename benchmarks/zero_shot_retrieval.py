@@ -72,7 +72,9 @@ def main() -> None:
         else:  # around the bare encoder, as fid 0.1 did (today's loading refuses it)
             from transformers import AutoModel, AutoTokenizer
 
-            model = DualEncoder(AutoModel.from_pretrained(args.model), None, spec)
+            from fid.models.pretrained import load_pretrained
+
+            model = DualEncoder(load_pretrained(AutoModel, args.model), None, spec)
             tokenizer = AutoTokenizer.from_pretrained(args.model)
         model.eval()
         encode = RetrieverTokenizer.for_spec(tokenizer, model.spec, 40, 200)

@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoTokenizer, T5ForConditionalGeneration
 from transformers.utils import logging as transformers_logging
 
 from fid.models.folder_checks import ModelFolderError, check_retriever
+from fid.models.pretrained import load_pretrained
 from fid.models.reader import CROSS_ATTENTION_BIAS, FiDReader, add_cross_attention_bias
 from fid.models.reader_variants import remove_cross_attention, removed_weight_prefixes
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
@@ -54,12 +55,12 @@ def load_t5(name_or_path: str, dropout: float | None = None) -> T5ForConditional
     settings = ReaderSettings.load(folder) if folder.is_dir() else ReaderSettings()
     if settings.cross_attention_bias:
         with _quiet_transformers():  # the bias is an "unused" key to transformers: it is ours
-            t5 = T5ForConditionalGeneration.from_pretrained(name_or_path, **overrides)
+            t5 = load_pretrained(T5ForConditionalGeneration, name_or_path, **overrides)
         add_cross_attention_bias(t5, _tensor(folder / "model.safetensors", CROSS_ATTENTION_BIAS))
         return t5
     if settings.cross_attention_every > 1:
         return _layer_sparse_t5(name_or_path, settings.cross_attention_every, overrides)
-    return T5ForConditionalGeneration.from_pretrained(name_or_path, **overrides)
+    return load_pretrained(T5ForConditionalGeneration, name_or_path, **overrides)
 
 
 def reader_skeleton(
@@ -119,8 +120,8 @@ def _layer_sparse_t5(name_or_path: str, every: int, overrides: dict) -> T5ForCon
         ModelFolderError: the folder lacks other weights, or has unknown ones.
     """
     with _quiet_transformers():  # the removed layers' weights are "missing": by design
-        t5, info = T5ForConditionalGeneration.from_pretrained(
-            name_or_path, output_loading_info=True, **overrides
+        t5, info = load_pretrained(
+            T5ForConditionalGeneration, name_or_path, output_loading_info=True, **overrides
         )
     removed = tuple(removed_weight_prefixes(every, len(t5.decoder.block)))
     wrong = sorted(k for k in info["missing_keys"] if not k.startswith(removed))

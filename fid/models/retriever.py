@@ -34,6 +34,7 @@ from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
 from fid.errors import InputError
 from fid.models.folder_checks import ModelFolderError
+from fid.models.pretrained import load_pretrained
 from fid.models.retriever_spec import (  # noqa: F401 (the spec's names, also from here)
     CONFIG_FILE,
     HEAD_FILE,
@@ -204,8 +205,8 @@ def _load_encoder(name_or_path: str | Path) -> nn.Module:
         model_class = MODEL_MAPPING.get(type(AutoConfig.from_pretrained(folder)), None)
         init = inspect.signature(model_class.__init__).parameters if model_class else {}
         if "add_pooling_layer" in init:
-            return AutoModel.from_pretrained(folder, add_pooling_layer=False)
-    return AutoModel.from_pretrained(name_or_path)
+            return load_pretrained(AutoModel, str(folder), add_pooling_layer=False)
+    return load_pretrained(AutoModel, name_or_path)
 
 
 def _as_prescribed(

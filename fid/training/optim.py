@@ -42,8 +42,33 @@ def build_optimizer(
     original's `set_optim` does (one group), for exact comparisons with it."""
     if decay_biases_and_norms:
         params = [p for p in model.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr)
+        groups = [{"params": params, "weight_decay": weight_decay}]
+    else:
+        groups = parameter_groups(model, weight_decay)
+    return torch.optim.AdamW(split_sharded(groups), lr=lr)
+
+
+def split_sharded(groups: list[dict]) -> list[dict]:
+    """Each group split into its plain tensors and its FSDP shards (DTensors), where it holds
+    both; groups without shards are returned unchanged (and so are checkpoints of them).
+
+    Why: under FSDP the tied or small tensors stay replicated (fid.training.sharding) beside
+    sharded DTensors, and AdamW's fused multi-tensor path (the default on CUDA) runs one
+    `_foreach_*` kernel over a group's tensors of one device and dtype: with plain tensors and
+    DTensors mixed it raises "got mixed torch.Tensor and DTensor" on the first step (seen on an
+    H200, 2026-12-04; CPU's default per-tensor path hid it). AdamW steps group by group.
+    """
+    from torch.distributed.tensor import DTensor
+
+    split = []
+    for group in groups:
+        plain = [p for p in group["params"] if not isinstance(p, DTensor)]
+        sharded = [p for p in group["params"] if isinstance(p, DTensor)]
+        if plain and sharded:
+            split += [{**group, "params": plain}, {**group, "params": sharded}]
+        else:
+            split.append(group)
+    return split
 
 
 def lr_factor(step: int, kind: str, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
