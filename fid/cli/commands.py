@@ -171,9 +171,11 @@ def init_retriever(args) -> None:
 
 def train_reader(args) -> None:
     from fid.config import ReaderTrainConfig
+    from fid.memory.auto_budget import resolve_token_budget
     from fid.training.reader import train_reader
 
     with _training_state(args, "reader", ReaderTrainConfig) as (cfg, state_dir):
+        cfg = resolve_token_budget(cfg, str(args.init_model), state_dir, args.device)
         result = train_reader(
             cfg, args.train, args.dev, args.init_model, args.output, state_dir, args.device,
             args.passages,

@@ -19,6 +19,11 @@ class TrainingConfig:
         batch_size_per_device: questions per micro-batch (ignored when `max_tokens_per_batch`).
         max_tokens_per_batch: if set, micro-batches are groups of questions holding at most this
             many passage tokens (token-budget batching); a longer question forms its own batch.
+            "auto" (the reader): the largest budget of at most `batch_size_per_device` full-size
+            questions that the memory plan says fits the device's free memory at the run's
+            first start, with `gradient_accumulation_steps` raised so that a step still holds
+            the config's questions (fid.memory.auto_budget); recorded in the state folder, so
+            every later start of the run uses the same.
         gradient_accumulation_steps: micro-batches per optimizer step.
         lr: peak learning rate.
         weight_decay: AdamW decoupled weight decay (not applied to biases and norms, unless
@@ -55,7 +60,7 @@ class TrainingConfig:
     seed: int = 0
     max_steps: int = 15000
     batch_size_per_device: int = 1
-    max_tokens_per_batch: int | None = None
+    max_tokens_per_batch: int | Literal["auto"] | None = None
     gradient_accumulation_steps: int = 1
     lr: float = 1e-4
     weight_decay: float = 0.01
@@ -77,7 +82,8 @@ class TrainingConfig:
     def __post_init__(self):
         check_range("max_steps", self.max_steps, low=1)
         check_range("batch_size_per_device", self.batch_size_per_device, low=1)
-        check_range("max_tokens_per_batch", self.max_tokens_per_batch, low=1, allow_none=True)
+        if self.max_tokens_per_batch != "auto":
+            check_range("max_tokens_per_batch", self.max_tokens_per_batch, low=1, allow_none=True)
         check_range("gradient_accumulation_steps", self.gradient_accumulation_steps, low=1)
         check_range("lr", self.lr, low=0.0, high=1.0, what="0 < lr <= 1")
         if self.lr == 0:

@@ -71,7 +71,8 @@ def effective_tokens(inputs: PlanInputs, cfg) -> int:
 
 def _questions(cfg: ReaderTrainConfig, tokens_per_question: int) -> int:
     """Questions in the largest micro-batch: the batch size, or what the token budget holds
-    of full-size questions (one at least: a longer question forms its own batch)."""
-    if cfg.max_tokens_per_batch is None:
+    of full-size questions (one at least: a longer question forms its own batch); "auto"
+    chooses at most the batch size (fid.memory.auto_budget), planned here at the batch size."""
+    if cfg.max_tokens_per_batch in (None, "auto"):
         return cfg.batch_size_per_device
     return max(1, cfg.max_tokens_per_batch // tokens_per_question)
