@@ -31,4 +31,5 @@ def test_the_acceptance_run_passes_on_a_cpu(tmp_path):
     assert "bitwise equal" in checks["resume"]["detail"]
     assert checks["process_group"]["detail"].startswith("gloo, 2 ranks: collectives ok; FSDP")
     assert "| plain |" in (tmp_path / "acceleration_speed.txt").read_text()
+    assert "Self CPU" in (tmp_path / "mfu_profile.txt").read_text()  # the step's profile
     print(result.stdout)

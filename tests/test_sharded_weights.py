@@ -209,3 +209,29 @@ def test_where_the_weights_are_read_from(model_folder, tmp_path, monkeypatch):
     (legacy / "config.json").write_text((model_folder / "config.json").read_text())
     torch.save(load_file(model_folder / "model.safetensors"), legacy / "pytorch_model.bin")
     assert weights_folder(str(legacy)) is None
+
+
+def test_an_untied_lm_head_flan_t5s_loads_untied(tmp_path, tokenizer):
+    """T5 v1.1 / flan-t5 have an lm_head of their own; transformers 5 builds every T5 from its
+    config tied (config.json's `tie_word_embeddings: false` survives as scale_decoder_outputs)
+    and unties only when a checkpoint holds a different lm_head: the sharded build, made from
+    the config, must untie it too, or the reader would silently predict through `shared`."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    untied = tmp_path / "untied"
+    config = T5Config(vocab_size=len(tokenizer), tie_word_embeddings=False,
+                      decoder_start_token_id=0, pad_token_id=0, **DIMS)  # fmt: skip
+    torch.manual_seed(0)
+    t5 = T5ForConditionalGeneration(config)
+    t5.lm_head.weight = torch.nn.Parameter(torch.randn_like(t5.shared.weight))
+    t5.save_pretrained(untied)
+    tokenizer.save_pretrained(untied)
+    whole = _whole(untied)
+    assert "lm_head.weight" in whole  # the whole-model path loads it untied
+    _, loaded = _run(untied, tmp_path)
+    assert loaded.keys() == whole.keys()
+    assert all(torch.equal(loaded[n], whole[n]) for n in whole)
+    assert not torch.equal(loaded["lm_head.weight"], loaded["shared.weight"])
+    exported = load_file(tmp_path / "exported" / "model.safetensors")  # its own lm_head kept
+    assert torch.equal(exported["lm_head.weight"], whole["lm_head.weight"])
+    assert all(torch.equal(_whole(tmp_path / "exported")[n], whole[n]) for n in whole)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from transformers import AutoConfig, BertConfig, PretrainedConfig, T5Config
 
 from fid.errors import ConfigError
@@ -45,9 +44,11 @@ def build_t5(config: PretrainedConfig):
     that holds an lm_head: a plan from the config alone must untie it itself."""
     from transformers import T5ForConditionalGeneration
 
+    from fid.models.loading import untie_lm_head
+
     t5 = T5ForConditionalGeneration(config)
     if not getattr(config, "scale_decoder_outputs", True):
-        t5.lm_head.weight = torch.nn.Parameter(torch.empty_like(t5.shared.weight))
+        untie_lm_head(t5)
     return t5
 
 

@@ -22,6 +22,9 @@ DEFAULT_QUESTION_MAX_TOKENS = 40
 DEFAULT_PASSAGE_MAX_TOKENS = 200
 
 
+LM_HEAD = "lm_head.weight"
+
+
 def load_reader(
     name_or_path: str,
     encoder_buckets: int,
@@ -82,12 +85,41 @@ def reader_skeleton(
     config = AutoConfig.from_pretrained(name_or_path, **overrides)
     with torch.device("meta"):
         t5 = T5ForConditionalGeneration(config)
+        if not getattr(config, "scale_decoder_outputs", True) and _holds(folder, LM_HEAD):
+            untie_lm_head(t5)  # T5 v1.1 / flan-t5: as from_pretrained loads their own lm_head
         if settings.cross_attention_bias:
             add_cross_attention_bias(t5, torch.empty(_tensor_shape(folder, CROSS_ATTENTION_BIAS)))
         elif settings.cross_attention_every > 1:
             remove_cross_attention(t5, settings.cross_attention_every)
         reader = FiDReader(t5, **reader_options)
     return reader, AutoTokenizer.from_pretrained(name_or_path), folder
+
+
+def untie_lm_head(t5: T5ForConditionalGeneration) -> None:
+    """Gives `t5` an lm_head of its own (uninitialised, on the embedding's device).
+
+    transformers 5 builds every T5 from a config with its lm_head tied to `shared` (config.json's
+    `tie_word_embeddings: false`, T5 v1.1's and flan-t5's, survives only as
+    `scale_decoder_outputs`) and unties it only when from_pretrained finds a different lm_head in
+    the checkpoint. A T5 built from its config alone (the sharded build, the memory plan) must
+    untie it itself, and keep `tie_weights()` from tying it back: that recomputes the ties from
+    the class's `_tied_weights_keys` (gated by config.tie_word_embeddings, which also ties the
+    encoder's and decoder's embeddings to `shared`, so the flag must stay), hence the instance's
+    own mapping without the lm_head."""
+    t5.lm_head.weight = torch.nn.Parameter(torch.empty_like(t5.shared.weight))
+    t5._tied_weights_keys = {k: v for k, v in t5._tied_weights_keys.items() if k != LM_HEAD}
+    getattr(t5, "all_tied_weights_keys", {}).pop(LM_HEAD, None)
+
+
+def _holds(folder: Path, key: str) -> bool:
+    """Whether the folder's safetensors hold `key` (their headers only are read)."""
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            if key in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                return True
+    return False
 
 
 def weights_folder(name_or_path: str) -> Path | None:
