@@ -20,7 +20,10 @@ the exit status is 1 if any check failed. The checks, on a demo world with tiny 
 - train retriever: distillation on the device, its loss finite and close to the CPU's;
 - acceleration speed: benchmarks/reader_acceleration.py speed on the device (issue 14's table);
 - MFU: a reader training step at t5-base shape (small: tiny), N = 100 passages of 250 tokens,
-  bf16, its model FLOPs per second against the chip's bf16 dense peak (goal >= 40%).
+  bf16, its model FLOPs per second against the chip's bf16 dense peak (goal >= 40%), and the
+  step's kernels by time (mfu_profile.txt);
+- memory plan: benchmarks/memory_plan.py --quick on the device, `fid plan-memory`'s predicted
+  peak against max_memory_allocated (goal 10%; small: one case, no goal).
 
 `--device cpu --small` runs every check that a CPU can (fp16 and the MFU's peak are CUDA's) on
 tiny sizes in about a minute: tests/test_gpu_check.py runs it, so that the script cannot rot
@@ -273,6 +276,24 @@ class Run:
         assert mfu >= 0.40, f"MFU {mfu:.1%} < 40% ({achieved / 1e12:.1f} TFLOP/s)"
         return f"MFU {mfu:.1%}: {achieved / 1e12:.1f} of {peak / 1e12:.0f} TFLOP/s"
 
+    def memory_plan(self) -> str:
+        """benchmarks/memory_plan.py on the device: `fid plan-memory`'s peak against the
+        measured one (CUDA: max_memory_allocated), goal 10% (issue 28). Small: one tiny case,
+        to keep the plumbing working (the CPU's goal and table are the benchmark's own)."""
+        rows = self.out / "memory_plan.json"
+        command = [sys.executable, "benchmarks/memory_plan.py", "--device", self.device,
+                   "--json", str(rows), *(["--quick"] if self.cuda else ["--smallest"])]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                                env={**os.environ, **self.device_env})  # fmt: skip
+        (self.out / "memory_plan.txt").write_text(result.stdout + result.stderr[-3000:])
+        assert result.returncode == 0, _child_error(result.stderr)
+        worst = max(json.loads(rows.read_text()), key=lambda row: abs(row["error"]))
+        detail = (f"worst error {worst['error']:+.1%} ({worst['model']} {worst['passages']} "
+                  f"passages, checkpointing {worst['checkpointing']}); table in {rows.name}")  # fmt: skip
+        if self.cuda:
+            assert abs(worst["error"]) <= 0.10, detail
+        return detail
+
 
 # A rank of a process group (NCCL on a GPU, gloo on a CPU): fid's collectives, then FSDP's
 # sharding of the reader (every block its own unit) through a forward, backward, step and export.
@@ -375,7 +396,7 @@ print(json.dumps({"step_s": step_s, "flops": flops, "device_name": name}))
 """
 
 CHECKS = ["train_precisions", "resume", "inference", "process_group", "train_retriever",
-          "acceleration_speed", "mfu"]  # fmt: skip
+          "acceleration_speed", "mfu", "memory_plan"]  # fmt: skip
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
     python benchmarks/memory_plan.py                   # CPU: tiny and t5-small readers, retrievers
     python benchmarks/memory_plan.py --quick           # tiny shapes only (a few minutes)
+    python benchmarks/memory_plan.py --smallest        # one tiny case (gpu_check's smoke test)
     python benchmarks/memory_plan.py --device cuda     # torch.cuda.max_memory_allocated
     python benchmarks/memory_plan.py --no-heap-fix     # glibc's default malloc (fid.runtime.heap)
 
@@ -185,6 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="tiny shapes only")
+    parser.add_argument("--smallest", action="store_true", help="one tiny case (a smoke test)")
     parser.add_argument("--no-heap-fix", action="store_true", help="glibc's default malloc")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in a fresh process
@@ -197,7 +199,7 @@ def main() -> None:
     print("| step | model | B x N x L | checkpointing | predicted | measured | error | step s |")
     print("|---|---|---|---|---:|---:|---:|---:|")
     rows = []
-    for case in cases(args.quick):
+    for case in cases(args.quick)[:1] if args.smallest else cases(args.quick):
         command = [sys.executable, __file__, "--device", args.device, "--case", json.dumps(case)]
         if args.no_heap_fix:
             command.append("--no-heap-fix")
