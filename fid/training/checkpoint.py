@@ -77,6 +77,10 @@ class TrainingProgress:
     batch_in_epoch: int = 0
     best_metric: float | None = None
     best_step: int | None = None
+    # Micro-batches above this many tokens are split in two: lowered after a step ran out of
+    # memory (fid.training.oom), kept so a resumed run splits its steps alike. None: no limit
+    # (checkpoints of an older fid have no entry).
+    micro_batch_token_limit: int | None = None
 
 
 def checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

@@ -5,7 +5,8 @@ setup (optimizer, schedule, resume) -> loop (accumulate, clip, step, log, evalua
 epoch, the loss of a batch, dev evaluation and the final save format; the loop owns everything
 else. Resuming from the newest complete checkpoint restores weights, optimizer, schedule, loss
 scaler, RNG states and the data position, so an interrupted run ends bitwise equal to an
-uninterrupted one on CPU.
+uninterrupted one on CPU. A step that runs out of memory is redone with its micro-batches split
+(fid.training.oom).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from fid.runtime.precision import autocast, deterministic_kernels
 from fid.runtime.progress import progress as progress_lines
 from fid.runtime.signals import STOP_SIGNALS, Preempted
 from fid.training import sharding
-from fid.training.accumulation import accumulate_gradients
+from fid.training.accumulation import accumulate_gradients, average_gradients
 from fid.training.checkpoint import (
     SHARDED_DIR,
     TrainingProgress,
@@ -50,6 +51,7 @@ from fid.training.checkpoint import (
     write_training_state,
 )
 from fid.training.manifest import seal_shared_checkpoint
+from fid.training.oom import StepRecovery
 from fid.training.optim import build_optimizer, build_scheduler
 from fid.training.resume import (
     check_resume_config,
@@ -78,6 +80,17 @@ class TrainTask(Protocol):
     def loss_items(self, batch: Any) -> int:
         """How many items `loss(batch)` is the mean of (the reader's target tokens, the
         retriever's questions): the micro-batch's weight in its optimizer step."""
+
+    def item_tokens(self, batch: Any) -> int:
+        """The tokens of a micro-batch that its memory grows with: what the token limit of a
+        run that ran out of memory is compared with (fid.training.oom)."""
+
+    def split(self, batch: Any) -> list[Any]:
+        """The micro-batch as two of about equal tokens whose `loss_items`-weighted losses
+        give the gradient of the whole; `[batch]` when it cannot be split (one question)."""
+
+    def question_ids(self, batch: Any) -> list[str]:
+        """The ids of the micro-batch's questions (for messages)."""
 
     def evaluate(self) -> dict[str, float]:
         """Dev metrics over the whole dev set (called on every rank, in eval mode, without
@@ -192,7 +205,9 @@ def run_training(
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [device] if device.type == "cuda" else None
-        train_model = DistributedDataParallel(model, device_ids=device_ids)
+        # Its buffers (position ids) are constants: broadcast in a forward, they would be a
+        # collective that a rank out of memory before its forward never joins.
+        train_model = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
     metrics = None
     if rank == 0:
@@ -204,6 +219,10 @@ def run_training(
     memory = PeakMemory(device)
     parameters = [p for p in model.parameters() if p.requires_grad]
     stream = _BatchStream(task, progress)
+    recovery = StepRecovery(task, progress, device, recoverable=not sharded)
+    if progress.micro_batch_token_limit is not None:
+        logger.info("micro-batches above %d tokens are split (the limit set after a step ran "
+                    "out of memory)", progress.micro_batch_token_limit)  # fmt: skip
     interval_loss = torch.zeros((), device=device)
     interval_start, interval_steps = time.perf_counter(), 0
     interval_finite = interval_skipped = skipped_in_a_row = 0
@@ -252,26 +271,30 @@ def run_training(
     gc.collect()
     gc.freeze()
     model.train()
+
+    def gradient_sync(last: bool):
+        # FSDP reduce-scatters on the last micro-step. DDP's gradients stay local on every
+        # micro-step: they are all-reduced after the step once no rank ran out of memory.
+        if sharded:
+            sharding.set_gradient_sync(units, last)
+            return contextlib.nullcontext()
+        return train_model.no_sync() if world_size > 1 else contextlib.nullcontext()
+
+    def accumulate(step_task: TrainTask, pieces: list[Any]) -> torch.Tensor:
+        return accumulate_gradients(
+            step_task, train_model, pieces, world_size, device, amp, scaler, gradient_sync
+        )
+
     try:
         with STOP_SIGNALS as signals:
             while progress.step < cfg.max_steps:
                 step_start = time.perf_counter()
                 batches = stream.take_step(cfg.gradient_accumulation_steps, rank, world_size)
-
-                def gradient_sync(last: bool):
-                    # Gradients are all-reduced only on the last micro-step.
-                    if sharded:
-                        sharding.set_gradient_sync(units, last)
-                        return contextlib.nullcontext()
-                    if last or world_size == 1:
-                        return contextlib.nullcontext()
-                    return train_model.no_sync()
-
-                step_loss = accumulate_gradients(
-                    task, train_model, batches, world_size, device, amp, scaler, gradient_sync
-                )
+                step_loss = recovery.run(progress.step + 1, batches, accumulate, parameters)
                 if sharded:
                     sharding.average_replicated_gradients(replicated)
+                elif world_size > 1:
+                    average_gradients(parameters)
                 finite = finite_everywhere(step_loss, device)
                 grad_norm, updated = apply_update(
                     optimizer, scheduler, scaler, parameters, cfg.clip_grad_norm, sharded, finite

@@ -21,6 +21,7 @@ from fid.models.settings import ReaderSettings
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
 from fid.training import sharding
+from fid.training.oom import halve
 from fid.training.runs import train_and_export
 from fid.training.sharded_weights import export_weights_from_shards, load_weights_into_shards
 
@@ -57,6 +58,8 @@ class ReaderTask:
         self.token_counts = None
         if cfg.max_tokens_per_batch is not None:
             self.token_counts = self.collator.question_token_counts(train)
+        # question index -> passage tokens, counted when first needed (a step out of memory)
+        self._counted: dict[int, int] = {}
 
     def epoch_batches(self, epoch: int) -> list[tuple[int, list[int]]]:
         batches = epoch_batches(
@@ -81,6 +84,30 @@ class ReaderTask:
         epoch, indices = item
         targets = [choose_target(self.train[i], self.cfg.seed, epoch) for i in indices]
         return int((self.collator.encode_targets(targets) != -100).sum())
+
+    def item_tokens(self, item: tuple[int, list[int]]) -> int:
+        """The passage tokens of a micro-batch (what `max_tokens_per_batch` budgets)."""
+        return sum(self._question_tokens(item[1]))
+
+    def split(self, item: tuple[int, list[int]]) -> list[tuple[int, list[int]]]:
+        """Two micro-batches of about equal passage tokens; one question stays whole."""
+        epoch, indices = item
+        if len(indices) < 2:
+            return [item]
+        cut = halve(self._question_tokens(indices))
+        return [(epoch, indices[:cut]), (epoch, indices[cut:])]
+
+    def question_ids(self, item: tuple[int, list[int]]) -> list[str]:
+        return [self.train[i].id for i in item[1]]
+
+    def _question_tokens(self, indices: list[int]) -> list[int]:
+        if self.token_counts is not None:
+            return [self.token_counts[i] for i in indices]
+        new = [i for i in indices if i not in self._counted]
+        if new:
+            counts = self.collator.question_token_counts([self.train[i] for i in new])
+            self._counted.update(zip(new, counts, strict=True))
+        return [self._counted[i] for i in indices]
 
     def evaluate(self) -> dict[str, float]:
         # Each rank generates for its share of the dev set; all ranks get every prediction.

@@ -30,6 +30,7 @@ from fid.models.folder_checks import check_retriever
 from fid.models.retriever import DualEncoder, DualEncoderSpec, RetrieverTokenizer
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
+from fid.training.oom import halve
 from fid.training.runs import train_and_export
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class DistillationExample:
         titles, texts: the N scored passages.
         teacher: (N,) reader scores.
         has_answer: N flags (None when the question has no answers).
+        id: the question's id in its file (for messages).
     """
 
     question: str
@@ -51,6 +53,7 @@ class DistillationExample:
     texts: list[str]
     teacher: torch.Tensor
     has_answer: list[bool] | None
+    id: str = ""
 
 
 def distillation_example(
@@ -78,6 +81,7 @@ def distillation_example(
         texts=[c["text"] for c in ctxs],
         teacher=torch.tensor([float(c[score_key]) for c in ctxs]),
         has_answer=flags,
+        id=example.id,
     )
 
 
@@ -234,6 +238,8 @@ class RetrieverTask:
         self.dev = dev
         self.device = device
         self.dev_metric = cfg.select_on
+        # question index -> its question and passage tokens, counted when first needed
+        self._counted: dict[int, int] = {}
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         return epoch_batches(
@@ -280,6 +286,30 @@ class RetrieverTask:
         if self.cfg.kl_reduction == "mean":
             return sum(len(self.train[i].texts) for i in indices)
         return len(indices)
+
+    def item_tokens(self, indices: list[int]) -> int:
+        """The question and passage tokens of a micro-batch (padding aside)."""
+        return sum(self._question_tokens(indices))
+
+    def split(self, indices: list[int]) -> list[list[int]]:
+        """Two micro-batches of about equal tokens; one question stays whole, and so does a
+        micro-batch whose questions are each other's in-batch negatives (part of the loss)."""
+        if len(indices) < 2 or self.cfg.in_batch_negatives:
+            return [indices]
+        cut = halve(self._question_tokens(indices))
+        return [indices[:cut], indices[cut:]]
+
+    def question_ids(self, indices: list[int]) -> list[str]:
+        return [self.train[i].id for i in indices]
+
+    def _question_tokens(self, indices: list[int]) -> list[int]:
+        for i in indices:
+            if i not in self._counted:
+                example = self.train[i]
+                question = self.encode.questions([example.question])["attention_mask"]
+                passages = self.encode.passage_lengths(example.titles, example.texts)
+                self._counted[i] = int(question.sum()) + sum(passages)
+        return [self._counted[i] for i in indices]
 
     def rankings(self, examples: Sequence[DistillationExample]) -> list[list[int]]:
         """The retriever's order of each question's candidate passages (best first)."""
