@@ -9,18 +9,18 @@ step's items on all ranks (torchtune's recipe; transformers' `num_items_in_batch
 The same weights keep a step whose micro-batches were split after running out of memory
 (fid.training.oom) the gradient of the unsplit step.
 
-Under DDP the micro-batches' gradients accumulate locally and `average_gradients` all-reduces
-them once the step's every micro-batch has passed on every rank (fid.training.oom says why).
+With several replicas (not sharded) the micro-batches' gradients accumulate locally and
+`fid.training.replicas.average_gradients` all-reduces them once the step's every micro-batch
+has passed on every rank (fid.training.oom says why).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from fid.errors import InputError
@@ -45,9 +45,9 @@ def accumulate_gradients(
     the mean loss over every item of the step.
 
     Args:
-        train_model: the model to call (DDP's wrapper, or the model).
-        gradient_sync: the context of a micro-step, given whether it is the last one (DDP's
-            `no_sync()` before it).
+        train_model: the model to call.
+        gradient_sync: the context of a micro-step, given whether it is the last one (FSDP
+            reduce-scatters on the last; DDP's `no_sync()` before it).
 
     Returns:
         This rank's weighted loss (the step's loss is its sum over ranks / world size).
@@ -78,50 +78,3 @@ def loss_weights(
     if total <= 0:
         raise InputError("an optimizer step without a target token or question to learn from")
     return [n * world_size / total for n in items]
-
-
-# Gradients are all-reduced in flat buckets of about this size (DDP's default bucket is 25 MiB):
-# few collectives, and a bounded extra copy.
-_BUCKET_BYTES = 25 * 2**20
-
-
-def average_gradients(parameters: Sequence[nn.Parameter]) -> None:
-    """Averages each parameter's gradient over the ranks (what DDP's backward does), in
-    buckets: one all-reduce per ~25 MiB of gradients of one dtype.
-
-    A trained parameter without a gradient on this rank gets zeros, so that every rank
-    reduces the same buckets (DDP, without `find_unused_parameters`, refuses such a model).
-    """
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
-    world = dist.get_world_size()
-    grads = []
-    for parameter in parameters:
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
-        grads.append(parameter.grad)
-    for bucket in _buckets(grads):
-        flat = torch.cat([grad.reshape(-1) for grad in bucket])
-        flat.div_(world)  # before the sum, as DDP does: fp16 gradients then overflow no sooner
-        dist.all_reduce(flat)
-        for grad, reduced in zip(bucket, flat.split([g.numel() for g in bucket]), strict=True):
-            grad.copy_(reduced.view_as(grad))
-
-
-def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Consecutive gradients of one dtype and device, about `_BUCKET_BYTES` each."""
-    buckets: list[list[torch.Tensor]] = []
-    size = 0
-    for grad in grads:
-        last = buckets[-1] if buckets else None
-        if (
-            last is None
-            or size + grad.numel() * grad.element_size() > _BUCKET_BYTES
-            or (grad.dtype, grad.device) != (last[0].dtype, last[0].device)
-        ):
-            buckets.append([grad])
-            size = grad.numel() * grad.element_size()
-        else:
-            last.append(grad)
-            size += grad.numel() * grad.element_size()
-    return buckets

@@ -38,8 +38,8 @@ from fid.runtime.logs import MetricsWriter, PeakMemory
 from fid.runtime.precision import autocast, deterministic_kernels
 from fid.runtime.progress import progress as progress_lines
 from fid.runtime.signals import STOP_SIGNALS, Preempted
-from fid.training import sharding
-from fid.training.accumulation import accumulate_gradients, average_gradients
+from fid.training import replicas, sharding
+from fid.training.accumulation import accumulate_gradients
 from fid.training.checkpoint import (
     SHARDED_DIR,
     TrainingProgress,
@@ -75,7 +75,7 @@ class TrainTask(Protocol):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The mean loss of one micro-batch, computed by calling `model` (task.model, or its
-        DDP wrapper, whose forward must be used for gradients to be synchronised)."""
+        FSDP-sharded self)."""
 
     def loss_items(self, batch: Any) -> int:
         """How many items `loss(batch)` is the mean of (the reader's target tokens, the
@@ -140,9 +140,10 @@ def run_training(
 ) -> TrainingProgress:
     """Trains `task.model` to `cfg.max_steps`, resuming from `state_dir` if it holds a run.
 
-    In a distributed run (a process group exists), the model is wrapped in DDP, each rank
-    trains on its own micro-batches, rank 0 logs and writes checkpoints, and all ranks resume
-    from the same checkpoint.
+    In a distributed run (a process group exists), each rank holds a replica of the model
+    (sharding 'ddp': its gradients averaged after each step, fid.training.replicas) or its
+    shards ('fsdp'), trains on its own micro-batches; rank 0 logs and writes checkpoints, and
+    all ranks resume from the same checkpoint.
 
     Args:
         task: the model, data and evaluation.
@@ -200,14 +201,11 @@ def run_training(
         torch.manual_seed(cfg.seed + rank)  # dropout; the data order has its own seeded RNGs
         logger.info("starting a new run in %s", state_dir)
 
-    train_model = model
     if world_size > 1 and not sharded:
-        from torch.nn.parallel import DistributedDataParallel
-
-        device_ids = [device] if device.type == "cuda" else None
-        # Its buffers (position ids) are constants: broadcast in a forward, they would be a
-        # collective that a rank out of memory before its forward never joins.
-        train_model = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+        # Whole replicas, their gradients averaged after each step by hand rather than by DDP
+        # inside the last backward: a step out of memory on one rank is then redone by all
+        # (fid.training.replicas, fid.training.oom).
+        replicas.broadcast_weights(model)
 
     metrics = None
     if rank == 0:
@@ -273,16 +271,14 @@ def run_training(
     model.train()
 
     def gradient_sync(last: bool):
-        # FSDP reduce-scatters on the last micro-step. DDP's gradients stay local on every
-        # micro-step: they are all-reduced after the step once no rank ran out of memory.
+        # FSDP reduce-scatters on the last micro-step; replicas average after the step.
         if sharded:
             sharding.set_gradient_sync(units, last)
-            return contextlib.nullcontext()
-        return train_model.no_sync() if world_size > 1 else contextlib.nullcontext()
+        return contextlib.nullcontext()
 
     def accumulate(step_task: TrainTask, pieces: list[Any]) -> torch.Tensor:
         return accumulate_gradients(
-            step_task, train_model, pieces, world_size, device, amp, scaler, gradient_sync
+            step_task, model, pieces, world_size, device, amp, scaler, gradient_sync
         )
 
     try:
@@ -293,8 +289,8 @@ def run_training(
                 step_loss = recovery.run(progress.step + 1, batches, accumulate, parameters)
                 if sharded:
                     sharding.average_replicated_gradients(replicated)
-                elif world_size > 1:
-                    average_gradients(parameters)
+                else:
+                    replicas.average_gradients(parameters)
                 finite = finite_everywhere(step_loss, device)
                 grad_norm, updated = apply_update(
                     optimizer, scheduler, scaler, parameters, cfg.clip_grad_norm, sharded, finite

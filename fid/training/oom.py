@@ -18,13 +18,13 @@ other's in-batch negatives) and still runs out of memory ends the run with
 `MicroBatchDoesNotFit`, naming its question ids, tokens and the limit; nothing is written, so
 the last checkpoint stays the state the same command resumes once the cause is fixed.
 
-Distributed (DDP): every micro-batch's backward stays local (`no_sync`), so no rank is ever
+Distributed (sharding 'ddp'): every micro-batch's backward stays local, so no rank is ever
 inside a collective that a rank out of memory will not join. After its last micro-batch each
 rank says whether it failed (`any_rank`, one small all-reduce a step); if one did, all redo the
-step with the same, lowest, limit; if none did, the gradients are all-reduced once
-(`average_gradients`). The price: that all-reduce no longer overlaps the backward. FSDP over
-several ranks is not recovered: its forward gathers each block's weights from every rank, so
-a rank that fails mid-forward leaves the others inside a collective; the error ends the run.
+step with the same, lowest, limit; if none did, the loop averages the gradients once
+(fid.training.replicas). FSDP over several ranks is not recovered: its forward gathers each
+block's weights from every rank, so a rank that fails mid-forward leaves the others inside a
+collective; the error ends the run.
 
 Testing aid: `FID_INJECT_OOM="K:TOKENS"` makes the K-th micro-batch forward of the process
 (counting from 1, redone ones too) and every later one raise `torch.OutOfMemoryError` when its
