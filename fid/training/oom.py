@@ -136,7 +136,7 @@ class StepRecovery:
         progress: the run's progress; its `micro_batch_token_limit` is read and lowered.
         device: this rank's device (empty_cache on CUDA; the flag's all-reduce).
         recoverable: False where a failure cannot be coordinated (FSDP over several ranks):
-            the error then propagates.
+            steps then run as they are, and the error propagates.
     """
 
     def __init__(
@@ -172,6 +172,8 @@ class StepRecovery:
             MicroBatchDoesNotFit: on every rank, when a piece that cannot be split ran out of
                 memory on some rank.
         """
+        if not self.recoverable:
+            return accumulate(self.task, list(batches))
         snapshot = rng_state()  # dropout's draws of a redone step are the first attempt's
         while True:
             pieces = fit(self.task, batches, self.progress.micro_batch_token_limit)
@@ -180,8 +182,8 @@ class StepRecovery:
             try:
                 loss = accumulate(self.guarded, pieces)
             except torch.OutOfMemoryError:
-                if not self.recoverable or self.guarded.current is None:
-                    raise  # FSDP mid-forward, or outside any micro-batch: not recoverable
+                if self.guarded.current is None:
+                    raise  # outside any micro-batch (the items' count): nothing to split
                 failure = self._failure(self.guarded.current)
             # Out of the except block the error, its traceback and the frames holding the
             # failed graph are gone; nothing from the attempt is left but the gradients.
