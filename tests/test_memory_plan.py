@@ -145,6 +145,13 @@ def test_sharding_over_more_ranks_plans_less_per_rank():
     fsdp = plan_step(_inputs(sharding="fsdp", world_size=4))
     assert fsdp.components["optimizer states"] < ddp.components["optimizer states"]
     assert "FSDP gathered blocks" in fsdp.components
+    # replicas: one flat bucket of gradients at a time (fid.training.replicas), no full copy
+    from fid.memory.plan import REPLICA_BUCKET_BYTES
+
+    replicas = plan_step(_inputs(world_size=4))
+    bucket = replicas.components["gradient averaging bucket"]
+    assert bucket == min(REPLICA_BUCKET_BYTES, ddp.components["weights"])
+    assert replicas.peak == ddp.peak + bucket
 
 
 @pytest.fixture

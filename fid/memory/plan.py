@@ -33,6 +33,7 @@ from fid.memory.traced_step import (
 from fid.models.retriever_spec import DualEncoderSpec
 
 CPU_RUNTIME_BYTES = 12 << 20  # oneDNN's generated kernels and scratch, autograd's graph
+REPLICA_BUCKET_BYTES = 25 * 2**20  # fid.training.replicas' bucket (DDP's default size)
 CUDA_RUNTIME_BYTES = 1 << 30  # CUDA context, cuBLAS and NCCL workspaces: ~0.5-1 GiB measured
 ALLOCATOR_FRACTION = 0.05  # the caching allocator's block rounding and fragmentation
 FSDP_GATHERED_BLOCKS = 2  # FSDP2 holds the running block and prefetches the next one
@@ -130,7 +131,10 @@ def _plan_from_trace(inputs: PlanInputs, trace: StepTrace, model: _ModelBytes) -
             parts[name] = int(parts[name] - sharded + sharded / k)
         parts["FSDP gathered blocks"] = FSDP_GATHERED_BLOCKS * model.largest_block
     elif k > 1:
-        parts["DDP gradient buckets"] = model.total  # the reducer's flat copy of the gradients
+        # replicas average their gradients after the step, a flat bucket at a time
+        # (fid.training.replicas; DDP's reducer, which held a flat copy of every gradient, is
+        # no longer used)
+        parts["gradient averaging bucket"] = min(model.total, REPLICA_BUCKET_BYTES)
     parts["master weights"] = 0  # autocast computes from the fp32 weights: they are the master
     tensors = sum(parts.values())
     if inputs.device == "cuda":
