@@ -132,16 +132,17 @@ def first_passages(example, n):
                                teacher=example.teacher[:n], has_answer=flags)  # fmt: skip
 
 
-# One rank of a 2-rank DDP step: its micro-batches, weighted by loss_weights (whose count
-# all-reduce spans the ranks), then rank 0 writes the averaged gradients.
+# One rank of a 2-rank data-parallel step (fid.training.replicas): its micro-batches,
+# weighted by loss_weights (whose count all-reduce spans the ranks), then rank 0 writes the
+# averaged gradients.
 _RANK = """
 import contextlib, json, sys
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from fid.config import ReaderTrainConfig
 from fid.data.examples import load_examples
 from fid.models.loading import load_reader
 from fid.runtime import distributed
+from fid.training import replicas
 from fid.training.accumulation import accumulate_gradients
 from fid.training.reader import ReaderTask
 
@@ -152,10 +153,10 @@ reader, tokenizer = load_reader(model_dir, 2, True, dropout=0.0)
 reader = reader.double().train()
 task = ReaderTask(reader, tokenizer, ReaderTrainConfig(**json.loads(sys.argv[5])),
                   load_examples(train), [], device)
-ddp = DistributedDataParallel(reader)
-sync = lambda last: contextlib.nullcontext() if last else ddp.no_sync()
-accumulate_gradients(task, ddp, [(0, b) for b in shares[rank]], world, device,
-                     contextlib.nullcontext(), None, sync)
+replicas.broadcast_weights(reader)  # as run_training: local backwards, then one average
+accumulate_gradients(task, reader, [(0, b) for b in shares[rank]], world, device,
+                     contextlib.nullcontext(), None, lambda last: contextlib.nullcontext())
+replicas.average_gradients([p for p in reader.parameters() if p.requires_grad])
 if rank == 0:
     torch.save({n: p.grad for n, p in reader.named_parameters() if p.grad is not None}, out)
 distributed.cleanup()
