@@ -128,6 +128,9 @@ def test_check_refuses_warns_or_passes():
     assert not error and "will run out of memory and the run split" in warning
     error, warning = memory_plans.check(job, one - 1, 0)
     assert "does not fit" in error and "largest micro-batch: 1 question(s)" in error
+    # FSDP over several ranks is not recovered: its whole micro-batch must fit
+    fsdp = _tiny_job(device="cuda", world=2, sharding="fsdp")
+    assert "does not fit" in memory_plans.check(fsdp, memory_plans.plan(fsdp)["peak"] - 1, 0)[0]
     # the retriever's in-batch negatives are part of its loss: its whole micro-batch must fit
     retriever = _tiny_job("train_retriever", "retriever", device="cuda", world=1)
     peak = memory_plans.plan(retriever)["peak"]

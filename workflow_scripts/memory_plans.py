@@ -236,11 +236,13 @@ def _compute_weights(job: TrainingJob) -> int:
 # ---------------------------------------------------------------- the check and the request
 def splits_on_oom(job: TrainingJob) -> bool:
     """Whether a step out of memory is split and redone (config/README.md "Out of memory in a
-    step"): on CUDA only (a CPU process out of memory is killed by the kernel), and not the
-    retriever's in-batch negatives, which are part of its loss."""
-    if job.device != "cuda":
+    step"): on CUDA only (a CPU process out of memory is killed by the kernel), not FSDP over
+    several ranks (the others wait inside its collective), and not the retriever's in-batch
+    negatives, which are part of its loss."""
+    cfg = job.config()
+    if job.device != "cuda" or (cfg.sharding == "fsdp" and job.world > 1):
         return False
-    return job.rule == "train_reader" or not job.config().in_batch_negatives
+    return job.rule == "train_reader" or not cfg.in_batch_negatives
 
 
 def check(job: TrainingJob, gpu_memory: int | None, host_memory: int) -> tuple[str, str]:
