@@ -125,7 +125,7 @@ def test_check_refuses_warns_or_passes():
     assert memory_plans.check(job, None, 0) == ("", "")  # no gpu_memory: not checked
     # the reader splits a step out of memory: one question must fit, the rest is a warning
     error, warning = memory_plans.check(job, (one + full) // 2, 0)
-    assert not error and "will run out of memory and the run split" in warning
+    assert not error and "will run out of memory and be redone in smaller" in warning
     error, warning = memory_plans.check(job, one - 1, 0)
     assert "does not fit" in error and "largest micro-batch: 1 question(s)" in error
     # FSDP over several ranks is not recovered: its whole micro-batch must fit

@@ -275,22 +275,26 @@ def check(job: TrainingJob, gpu_memory: int | None, host_memory: int) -> tuple[s
             return "", (
                 f"{job.rule}, config section '{job.stage}': its micro-batch needs "
                 f"{mib(planned['peak'])} per rank, more than {where}: its first step will run "
-                f"out of memory and the run split its micro-batches (one question needs "
-                f"{mib(one['peak'])}). Hint: max_tokens_per_batch: auto in '{job.stage}' "
-                "chooses what fits from the start"
+                f"out of memory and be redone in smaller micro-batches (one question needs "
+                f"{mib(one['peak'])}). Hint: {_smaller(job)} in '{job.stage}' fits from the start"
             )
         planned, least = one, "one question per micro-batch (the least a step splits into)"
     return (
         f"{job.rule}, config section '{job.stage}': the predicted peak per rank at {least}, "
         f"{mib(planned['peak'])}, does not fit {where}; nothing was run.\n\n"
         f"{planned['summary']}\n\nHint: lower the step's memory in section '{job.stage}' "
-        "(activation_checkpointing: true; max_tokens_per_batch: auto or a smaller "
-        "batch_size_per_device; fewer n_passages or passage_max_tokens; sharding: fsdp over more "
+        f"({_smaller(job)}; fewer n_passages or passage_max_tokens; sharding: fsdp over more "
         f"ranks) or give it more; `fid plan-memory --for {job.command} --config "
         f"{job.stage_file} --model {job.model_arg} --world-size {job.world} --device "
         f"{job.device}{f' --gpu-memory {memory}' if job.device == 'cuda' else ''}` says which of "
         f"these fit{_written(job)}", ""
     )  # fmt: skip
+
+
+def _smaller(job: TrainingJob) -> str:
+    if job.rule == "train_reader":
+        return "activation_checkpointing: true; max_tokens_per_batch: auto"
+    return "a smaller batch_size_per_device"  # the retriever refuses auto: its negatives
 
 
 def _written(job: TrainingJob) -> str:
