@@ -19,13 +19,14 @@ import importlib.util
 import json
 import math
 import os
-import re
 import warnings
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from fid.config import ReaderTrainConfig, RetrieverTrainConfig, config_from_dict
+from fid.memory.sizes import format_bytes as mib
+from fid.memory.sizes import parse_size as _parse_size
 
 # What a training process holds on the host beyond its planned step: the interpreter, torch and
 # transformers, the tokenizer, the dev evaluation. A tiny reader's rank peaks at ~0.45 GB
@@ -39,10 +40,6 @@ DATA_FACTOR = 3
 # its checkpoint there first): 3 x the weights' bytes, unsharded.
 HOST_STATE_COPIES = 3
 MEM_FLOOR_MB = 1000
-# The units of `fid plan-memory --gpu-memory` (fid.memory.plan.parse_size, which imports torch):
-# tests/test_workflow_memory_plan.py checks that both read every size alike.
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
 _ALLOWANCES = ("allocator allowance", "CUDA runtime allowance")
 
 
@@ -88,19 +85,8 @@ class TrainingJob:
 
 
 def parse_size(text: str | int, what: str = "gpu_memory") -> int:
-    """Bytes of a size like "80GiB", "40 GB" or 1024 (as fid.memory.plan.parse_size)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise ValueError(
-            f"{what} = {text!r} is not a size: expected a positive number with a unit, e.g. "
-            "80GiB, 40GB or 512MiB"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-def mib(size: int) -> str:
-    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    """Bytes of a size like "80GiB", "40 GB" or 1024 (fid.memory.sizes; a ValueError)."""
+    return _parse_size(text, what)  # type: ignore[arg-type] (an int reads as its text)
 
 
 # ---------------------------------------------------------------- plans, cached

@@ -16,13 +16,13 @@ tensors' (benchmarks/memory_plan.py).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import PretrainedConfig
 
 from fid.errors import ConfigError
+from fid.memory.sizes import format_bytes, parse_size  # noqa: F401 (also from here)
 from fid.memory.traced_step import (
     StepRun,
     StepShape,
@@ -37,8 +37,6 @@ REPLICA_BUCKET_BYTES = 25 * 2**20  # fid.training.replicas' bucket (DDP's defaul
 CUDA_RUNTIME_BYTES = 1 << 30  # CUDA context, cuBLAS and NCCL workspaces: ~0.5-1 GiB measured
 ALLOCATOR_FRACTION = 0.05  # the caching allocator's block rounding and fragmentation
 FSDP_GATHERED_BLOCKS = 2  # FSDP2 holds the running block and prefetches the next one
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -228,26 +226,6 @@ def _remedies(inputs: PlanInputs, memory: int, one: MemoryPlan) -> list[str]:
             break
         passages //= 2
     return found
-
-
-def parse_size(text: str, what: str = "--gpu-memory") -> int:
-    """Bytes of a size like "80GiB", "80 GB", "512MiB" or "1024".
-
-    Raises:
-        ConfigError: not a positive number with a known unit.
-    """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise ConfigError(
-            f"{what} = {text!r} is not a size: expected a positive number with a unit, e.g. "
-            "80GiB, 40GB or 512MiB"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-def format_bytes(size: int) -> str:
-    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 def plan_table(plan: MemoryPlan) -> str:
