@@ -47,12 +47,10 @@ report: "rules/report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/slurm.smk"
-include: "rules/memory.smk"
 include: "rules/data.smk"
 include: "rules/retrieval.smk"
 include: "rules/reader.smk"
 include: "rules/evaluation.smk"
-include: "rules/memory_report.smk"
 
 
 # With the SLURM executor: every job's layout against its partition, before any submission.
@@ -64,5 +62,4 @@ rule all:
     default_target: True
     input:
         REPORT,
-        MEMORY_REPORT,
         RUNTIMES,
