@@ -1,7 +1,7 @@
 """Sizes as users write them ("80GiB", "40 GB", "512MiB", 1024) and as fid prints them.
 
-Its own module, importing neither torch nor transformers: the workflow reads `gpu_memory` with
-it when it loads (workflow_scripts/memory_plans.py), where a cached plan needs no torch.
+Its own module, importing neither torch nor transformers, so that code that must stay light
+(a workflow reading `gpu_memory` when it loads) can read sizes as `fid plan-memory` does.
 """
 
 from __future__ import annotations

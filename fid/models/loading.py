@@ -85,7 +85,7 @@ def reader_skeleton(
     config = AutoConfig.from_pretrained(name_or_path, **overrides)
     with torch.device("meta"):
         t5 = T5ForConditionalGeneration(config)
-        if not getattr(config, "scale_decoder_outputs", True) and _holds(folder, LM_HEAD):
+        if not getattr(config, "scale_decoder_outputs", True) and _stored_shape(folder, LM_HEAD) is not None:
             untie_lm_head(t5)  # T5 v1.1 / flan-t5: as from_pretrained loads their own lm_head
         if settings.cross_attention_bias:
             add_cross_attention_bias(t5, torch.empty(_tensor_shape(folder, CROSS_ATTENTION_BIAS)))
@@ -111,17 +111,6 @@ def untie_lm_head(t5: T5ForConditionalGeneration) -> None:
     getattr(t5, "all_tied_weights_keys", {}).pop(LM_HEAD, None)
 
 
-def _holds(folder: Path, key: str) -> bool:
-    """Whether the folder's safetensors hold `key` (their headers only are read)."""
-    from safetensors import safe_open
-
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as handle:
-            if key in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                return True
-    return False
-
-
 def weights_folder(name_or_path: str) -> Path | None:
     """The local folder holding a model's safetensors: the folder itself, or a hub model's
     cached snapshot (its safetensors and config only); None where it has none."""
@@ -133,15 +122,23 @@ def weights_folder(name_or_path: str) -> Path | None:
     return folder if any(folder.glob("*.safetensors")) else None
 
 
-def _tensor_shape(folder: Path, key: str) -> tuple[int, ...]:
-    """A tensor's shape, from the safetensors header (nothing else is read)."""
+def _stored_shape(folder: Path, key: str) -> tuple[int, ...] | None:
+    """A tensor's shape from the folder's safetensors headers (nothing else is read); None
+    where no file holds it."""
     from safetensors import safe_open
 
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as handle:
             if key in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                 return tuple(handle.get_slice(key).get_shape())
-    raise ModelFolderError(f"{folder}: no {key}, but {READER_SETTINGS_FILE} says it has one")
+    return None
+
+
+def _tensor_shape(folder: Path, key: str) -> tuple[int, ...]:
+    shape = _stored_shape(folder, key)
+    if shape is None:
+        raise ModelFolderError(f"{folder}: no {key}, but {READER_SETTINGS_FILE} says it has one")
+    return shape
 
 
 def _layer_sparse_t5(name_or_path: str, every: int, overrides: dict) -> T5ForConditionalGeneration:
