@@ -85,7 +85,10 @@ def reader_skeleton(
     config = AutoConfig.from_pretrained(name_or_path, **overrides)
     with torch.device("meta"):
         t5 = T5ForConditionalGeneration(config)
-        if not getattr(config, "scale_decoder_outputs", True) and _stored_shape(folder, LM_HEAD) is not None:
+        if (
+            not getattr(config, "scale_decoder_outputs", True)
+            and _stored_shape(folder, LM_HEAD) is not None
+        ):
             untie_lm_head(t5)  # T5 v1.1 / flan-t5: as from_pretrained loads their own lm_head
         if settings.cross_attention_bias:
             add_cross_attention_bias(t5, torch.empty(_tensor_shape(folder, CROSS_ATTENTION_BIAS)))
