@@ -47,10 +47,12 @@ report: "rules/report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/slurm.smk"
+include: "rules/memory.smk"
 include: "rules/data.smk"
 include: "rules/retrieval.smk"
 include: "rules/reader.smk"
 include: "rules/evaluation.smk"
+include: "rules/memory_report.smk"
 
 
 # With the SLURM executor: every job's layout against its partition, before any submission.
@@ -62,4 +64,5 @@ rule all:
     default_target: True
     input:
         REPORT,
+        MEMORY_REPORT,
         RUNTIMES,

@@ -206,6 +206,7 @@ localrules:
     report_config,
     report_acceleration,
     report_training,
+    report_memory,
     report_runtimes,
 
 
@@ -287,16 +288,23 @@ def encoder(source):
 
 
 # ---------------------------------------------------------------- resources and launchers
-def _resources(rule):
+def _configured(rule):
     return {**config["resources"]["default"], **config["resources"].get(rule, {})}
 
 
+def _resources(rule):
+    """`resources.default` overridden by the rule's own entry; a training rule's mem_mb is its
+    plan's (rules/memory.smk) unless its own entry sets one."""
+    return {**_configured(rule), **planned_request(rule)}
+
+
 def res(rule):
-    """Resources of a rule: `resources.default` overridden by the rule's own entry, and the
-    sbatch options the workflow adds (rules/slurm.smk)."""
+    """Resources of a rule: `resources.default` overridden by the rule's own entry, a training
+    job's mem_mb from its plan (rules/memory.smk), and the sbatch options the workflow adds
+    (rules/slurm.smk)."""
     r = _resources(rule)
     kept = {k: v for k, v in r.items() if k not in WORKFLOW_ONLY_KEYS}
-    return {**kept, "slurm_extra": slurm_extra(rule)}
+    return {**kept, **planned_mem_mb(rule), "slurm_extra": slurm_extra(rule)}
 
 
 def threads(rule):
@@ -397,6 +405,12 @@ def start(kind, i, stage=None):
     return previous, [previous]
 
 
+def stage_section(i, stage):
+    """The config section a training job of round i reads: the stage's own in round 0 (and the
+    warm-up stage, round 0's only), with `later_rounds` merged over it after."""
+    return stage if stage == "reader_warmup" or int(i) == 0 else f"{stage}_later"
+
+
 def training_inputs(wc):
     """Lists (reader) or reader scores (retriever), stage config and start model of a job."""
     i, stage = int(wc.i), wc.get("stage", "retriever")
@@ -407,6 +421,10 @@ def training_inputs(wc):
         }
     else:
         data = {s: reader_lists(i, stage, s) for s in ("train", "dev")}
-    config = stage if stage == "reader_warmup" or i == 0 else f"{stage}_later"
     init = start(kind, i, stage)[1]
-    return {**data, "config": stage_file(config), "init": init, "store": list_store()}
+    return {
+        **data,
+        "config": stage_file(stage_section(i, stage)),
+        "init": init,
+        "store": list_store(),
+    }

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from transformers import PretrainedConfig
 
 from fid.config import ReaderTrainConfig, RetrieverTrainConfig
 from fid.memory.model_shapes import model_config
@@ -20,12 +21,15 @@ PLANNED_COMMANDS = ("train-reader", "train-retriever")
 def command_plan_inputs(
     command: str,
     cfg: ReaderTrainConfig | RetrieverTrainConfig,
-    model: str,
+    model: str | PretrainedConfig,
     world_size: int,
     device: str,
 ) -> PlanInputs:
     """The plan's inputs for `fid <command> --config ...` starting from `model` on `world_size`
-    ranks of `device` ("cuda" or "cpu")."""
+    ranks of `device` ("cuda" or "cpu"). `model` is a name or folder (fid.memory.model_shapes),
+    or the model's config itself: the workflow plans models that do not exist yet from the
+    config that will build them."""
+    shape_config = model if isinstance(model, PretrainedConfig) else model_config(model)
     precision = resolve_precision(cfg.precision, torch.device(device))  # as training resolves it
     autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     run = StepRun(
@@ -49,7 +53,7 @@ def command_plan_inputs(
             cfg.passage_max_tokens,
             answer_tokens,
         )
-        return PlanInputs(command, model_config(model), shape, run, world_size, cfg.sharding,
+        return PlanInputs(command, shape_config, shape, run, world_size, cfg.sharding,
                           device)  # fmt: skip
     spec = DualEncoderSpec(
         pooling=cfg.pooling, projection_dim=cfg.projection_dim, shared=cfg.shared_encoder,
@@ -58,9 +62,7 @@ def command_plan_inputs(
     shape = StepShape(
         cfg.batch_size_per_device, cfg.n_passages, cfg.passage_max_tokens, cfg.question_max_tokens
     )
-    return PlanInputs(
-        command, model_config(model), shape, run, world_size, cfg.sharding, device, spec
-    )
+    return PlanInputs(command, shape_config, shape, run, world_size, cfg.sharding, device, spec)
 
 
 def effective_tokens(inputs: PlanInputs, cfg) -> int:
