@@ -25,6 +25,7 @@ import sys
 
 import psutil
 
+from fid.memory.sizes import parse_size
 from fid.runtime.slurm_layout import gres_gpus
 
 
@@ -42,7 +43,7 @@ memory_plans = _glue_module("memory_plans")
 TRAINING_KINDS = {"train_reader": "reader", "train_retriever": "retriever"}
 try:
     GPU_MEMORY = (
-        memory_plans.parse_size(config["gpu_memory"])
+        parse_size(config["gpu_memory"], "gpu_memory")
         if config.get("gpu_memory")
         else None
     )

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fid.memory.sizes import parse_size
+
 sys.path.insert(0, str(Path(__file__).parent / "workflow"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "workflow_scripts"))
 
@@ -160,13 +162,17 @@ def test_plans_are_cached_on_disk(tmp_path, monkeypatch):
         memory_plans.plan(dataclasses.replace(job, knobs={**job.knobs, "n_passages": 2}))
 
 
-def test_sizes_read_as_fid_plan_memory_reads_them():
-    from fid.memory.plan import parse_size
-
-    for text in ("80GiB", "40 GB", "512MiB", "1.5gib", "1024", 1024, "7kb"):
-        assert memory_plans.parse_size(text) == parse_size(str(text))
-    with pytest.raises(ValueError, match="not a size"):
-        memory_plans.parse_size("80 gigs")
+def test_gpu_memory_is_read_as_fid_plan_memory_reads_sizes(tmp_path):
+    # one function (fid.memory.sizes, torch-free) for the workflow's gpu_memory and the CLI's
+    # --gpu-memory: the workflow keeps no copy of it
+    assert not hasattr(memory_plans, "parse_size")
+    assert parse_size(1024) == parse_size("1024") == 1024 and parse_size("40 GB") == 40 * 10**9
+    # 0GiB: a size to the schema, not a positive one
+    result = snakemake(tmp_path, "--configfile", str(_config(tmp_path / "c.yaml")), "-n",
+                       "--config", "gpu_memory=0GiB")  # fmt: skip
+    message = result.stdout + result.stderr
+    assert result.returncode != 0, message[-3000:]
+    assert "gpu_memory = '0GiB' is not a size: expected a positive number" in message
 
 
 def test_report_table_from_a_memory_log(tmp_path):

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from fid.config import ReaderTrainConfig, RetrieverTrainConfig, config_from_dict
 from fid.memory.sizes import format_bytes as mib
-from fid.memory.sizes import parse_size as _parse_size
 
 # What a training process holds on the host beyond its planned step: the interpreter, torch and
 # transformers, the tokenizer, the dev evaluation. A tiny reader's rank peaks at ~0.45 GB
@@ -82,11 +81,6 @@ class TrainingJob:
     def config(self) -> ReaderTrainConfig | RetrieverTrainConfig:
         cls = ReaderTrainConfig if self.rule == "train_reader" else RetrieverTrainConfig
         return config_from_dict(self.knobs, cls, source=f"config section '{self.stage}'")
-
-
-def parse_size(text: str | int, what: str = "gpu_memory") -> int:
-    """Bytes of a size like "80GiB", "40 GB" or 1024 (fid.memory.sizes; a ValueError)."""
-    return _parse_size(text, what)  # type: ignore[arg-type] (an int reads as its text)
 
 
 # ---------------------------------------------------------------- plans, cached

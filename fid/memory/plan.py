@@ -97,6 +97,13 @@ class _ModelBytes:
     largest_block: int
 
 
+def model_bytes(inputs: PlanInputs) -> int:
+    """fp32 bytes of all the trained parameters, unsharded, without a trace (the model is built
+    on the meta device): what a rank's host holds of its weights when it loads them (the
+    workflow's host memory request, workflow_scripts/memory_plans.py)."""
+    return _model_bytes(inputs).total
+
+
 def _model_bytes(inputs: PlanInputs) -> _ModelBytes:
     from transformers import AutoModel
 

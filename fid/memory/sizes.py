@@ -14,8 +14,8 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
 
 
-def parse_size(text: str, what: str = "--gpu-memory") -> int:
-    """Bytes of a size like "80GiB", "80 GB", "512MiB" or "1024".
+def parse_size(text: str | int, what: str = "--gpu-memory") -> int:
+    """Bytes of a size like "80GiB", "80 GB", "512MiB", "1024" or 1024 (an int is bytes).
 
     Raises:
         ConfigError: not a positive number with a known unit.
