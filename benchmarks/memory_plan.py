@@ -73,6 +73,7 @@ def _plan_inputs(case: dict, device: str):
         checkpointing=case["checkpointing"],
         attention="sdpa" if device == "cuda" else "eager",
         foreach=device == "cuda",
+        device=device,
         autocast_dtype=torch.bfloat16 if case.get("bf16") else None,
     )
     return PlanInputs(case["command"], _config(case["command"], case["model"]), shape, run,
@@ -136,8 +137,8 @@ def _build(case: dict, inputs, device):
         reader.set_attention(inputs.run.attention, device)
         reader.set_activation_checkpointing(case["checkpointing"])
         reader.train()
-        ids = torch.randint(2, inputs.config.vocab_size, (B, N, L), device=device)
-        mask = torch.ones_like(ids)
+        mask = _padded_mask(B * N, L, device).view(B, N, L)
+        ids = torch.randint(2, inputs.config.vocab_size, (B, N, L), device=device) * mask
         labels = torch.randint(2, inputs.config.vocab_size, (B, shape.answer_tokens), device=device)
         return reader, lambda: reader(ids, mask, labels=labels).loss
     from fid.models.retriever import DualEncoder
@@ -148,15 +149,27 @@ def _build(case: dict, inputs, device):
     model.train()
     vocab = inputs.config.vocab_size
     questions = torch.randint(2, vocab, (B, shape.answer_tokens), device=device)
-    passages = torch.randint(2, vocab, (B * N, L), device=device)
+    passage_mask = _padded_mask(B * N, L, device)
+    passages = torch.randint(2, vocab, (B * N, L), device=device) * passage_mask
     owner = torch.arange(B, device=device).repeat_interleave(N)
     teacher = torch.randn(B * N, device=device)
 
     def loss_of():
-        q, p = model(questions, torch.ones_like(questions), passages, torch.ones_like(passages))
+        q, p = model(questions, torch.ones_like(questions), passages, passage_mask)
         return distillation_loss(q, p, owner, teacher, 1.0, 1.0, False, "batchmean")
 
     return model, loss_of
+
+
+def _padded_mask(rows: int, length: int, device):
+    """(rows, length) right-padded masks of lengths length - (row % 9): real passages differ
+    in length, so FiDReader's length-sorted encoder buckets (8) each hold padding and the
+    attention keeps a (rows, heads, L, L) mask, as the plan assumes. All-full-length inputs
+    would understate real memory: transformers drops an all-ones mask for SDPA."""
+    import torch
+
+    lengths = length - torch.arange(rows, device=device) % 9
+    return (torch.arange(length, device=device) < lengths[:, None]).long()
 
 
 def _rss() -> int:

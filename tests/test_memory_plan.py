@@ -101,6 +101,27 @@ def test_the_traced_peak_equals_the_real_steps_tensors(checkpointing):
     assert trace_reader_step(T5Config(**T5_SHAPE), SHAPE, run).peak == pytest.approx(real, rel=0.02)
 
 
+def test_a_cuda_plan_traces_sdpa_as_the_memory_efficient_kernel():
+    """CUDA runs T5's biased attention in the memory-efficient kernel, which keeps no
+    probabilities; a CPU runs SDPA's math path, which keeps them (and a dropout mask)."""
+    config, run = T5Config(**T5_SHAPE), StepRun(encoder_buckets=3, attention="sdpa")
+    on_cpu = trace_reader_step(config, SHAPE, run)
+    on_cuda = trace_reader_step(config, SHAPE, replace(run, device="cuda"))
+    B, N, L, H = SHAPE.questions, SHAPE.passages, SHAPE.passage_tokens, T5_SHAPE["num_heads"]
+    probabilities = T5_SHAPE["num_layers"] * B * N * H * L * L * 4  # fp32, one a layer
+    assert on_cpu.encoder_activations - on_cuda.encoder_activations >= probabilities
+    # the padded bias (L = 40 rows aligned to 48) and the (.., H, 64) log-sum-exp are kept
+    assert on_cuda.encoder_activations > T5_SHAPE["num_layers"] * B * N * H * L * 48 * 4
+    # nothing of it leaks out of the trace: SDPA is torch's own again
+    assert torch.nn.functional.scaled_dot_product_attention.__module__ != "fid.memory.traced_step"
+
+
+def test_a_cuda_plan_counts_the_cublas_workspaces():
+    cuda, cpu = plan_step(_inputs(device="cuda")), plan_step(_inputs())
+    assert cuda.components["cuBLAS workspaces"] == 64 * 2**20  # two of Hopper's 32 MiB
+    assert "cuBLAS workspaces" not in cpu.components
+
+
 def test_a_retriever_step_is_traced():
     config = BertConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
                         num_hidden_layers=2, vocab_size=400)  # fmt: skip
@@ -225,6 +246,7 @@ def test_the_plan_runs_the_step_as_the_config_says(tiny_model_dir):
     assert inputs.run.autocast_dtype is None  # "auto" is fp32 for training on a CPU
     on_gpu = command_plan_inputs("train-reader", cfg, str(tiny_model_dir), 1, "cuda")
     assert on_gpu.run.autocast_dtype == torch.bfloat16 and on_gpu.run.attention == "sdpa"
+    assert (inputs.run.device, on_gpu.run.device) == ("cpu", "cuda")  # which kernels it traces
     # one bucket: a checkpointed block recomputes every passage at once, more than in 3
     three = replace(inputs, run=replace(inputs.run, encoder_buckets=3))
     assert plan_step(inputs).peak > plan_step(three).peak

@@ -36,6 +36,7 @@ def command_plan_inputs(
         autocast_dtype=autocast,
         foreach=device == "cuda",  # AdamW's default there, with its multi-tensor temporaries
         gradients_held=cfg.gradient_accumulation_steps > 1,
+        device=device,  # which SDPA kernel, and so which tensors it keeps
     )
     if command == "train-reader":
         attention = (

@@ -7,6 +7,12 @@ gradients, optimizer states, activations saved for backward, temporaries); run u
 on a laptop. What it counts is what the tensors hold: the allocator's rounding and the
 runtime's own memory are the plan's allowances (fid.memory.plan).
 
+SDPA's saved tensors depend on the kernel the device picks, which a fake CPU run does not: a
+plan for CUDA (`StepRun.device`) runs every `scaled_dot_product_attention` as CUDA's
+memory-efficient kernel (the one it picks for T5's biased and BERT's masked attention; flash
+takes no bias), which keeps its output and log-sum-exp instead of the math path's B x H x L x L
+probabilities (`_cuda_attention`).
+
 The reader's step is FiDReader's at its largest for the shape: every passage full length
 (FiD's Wikipedia chunks nearly always are), so the encoder's buckets and the fused sequence
 hold B x N x L tokens. FiDReader's bookkeeping (which positions are real) is data-dependent
@@ -73,6 +79,7 @@ class StepRun:
     checkpointing: bool = False
     autocast_dtype: torch.dtype | None = None  # bf16 / fp16 autocast; None: fp32
     attention: str = "eager"  # T5's kernel: "sdpa" on a GPU (no L x L scores saved)
+    device: str = "cpu"  # where the step runs: "cuda" traces SDPA as CUDA's kernel runs it
     foreach: bool = False  # AdamW's multi-tensor update (CUDA's default), with its temporaries
     gradients_held: bool = False  # accumulation: the gradients live through the forward
     encoder_buckets: int = 8  # FiDReader encodes the passages in this many groups
@@ -195,7 +202,7 @@ def _trace(model: torch.nn.Module, forward, run: StepRun, fake_only: int = 0) ->
         if run.autocast_dtype is not None
         else contextlib.nullcontext()
     )
-    with tracker:
+    with tracker, _cuda_attention() if run.device == "cuda" else contextlib.nullcontext():
         start = _activations(tracker)
         with autocast:
             # one root module: MemTracker refuses a root module called twice (the encoder,
@@ -218,6 +225,54 @@ def _trace(model: torch.nn.Module, forward, run: StepRun, fake_only: int = 0) ->
         forward_activations=forward_end - start - fake_only,
         update_peak=update_peak,
     )
+
+
+@contextlib.contextmanager
+def _cuda_attention():
+    """`scaled_dot_product_attention` as CUDA dispatches it for training: the memory-efficient
+    (cutlass) kernel. Its autograd node keeps q, k, v, the bias, the output and the (B, H,
+    L rounded up to 32) log-sum-exp; its backward makes the bias's gradient at the padded
+    width. What the dispatcher does first is done here too: a boolean mask becomes an additive
+    one, a bias whose rows are not 16-aligned is copied into a padded one (T5's L = 250 is
+    not), and under autocast every input is cast to the autocast dtype (SDPA is on CUDA
+    autocast's lower-precision list). Measured on an H200: benchmarks/memory_plan.py.
+
+    The function is replaced where transformers' SDPA attention looks it up (at each call), not
+    intercepted by a TorchFunctionMode: a mode is off while it handles a call, and
+    `loss.backward()` is a call, inside which checkpointed blocks are recomputed."""
+    original = torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.scaled_dot_product_attention = _memory_efficient_attention
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+def _memory_efficient_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+    enable_gqa=False,
+):  # fmt: skip
+    if enable_gqa:
+        raise NotImplementedError("the memory plan does not model grouped-query attention")
+    if torch.is_autocast_enabled("cpu"):  # the trace's autocast stands for CUDA's
+        dtype = torch.get_autocast_dtype("cpu")
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(dtype)
+    bias = attn_mask
+    if bias is not None and bias.dtype == torch.bool:
+        zero = torch.zeros((), dtype=query.dtype)
+        bias = torch.where(bias, zero, zero - float("inf"))
+    if bias is not None and any(stride % 16 for stride in bias.stride()[:-1] if stride):
+        width = bias.size(-1)
+        bias = torch.nn.functional.pad(bias, (0, -width % 16))[..., :width]
+    if bias is not None:
+        bias = bias.expand(*query.shape[:-1], key.size(-2))
+    keep_logsumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    output, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, keep_logsumexp, dropout_p, is_causal, scale=scale
+    )
+    return output
 
 
 class _Root(torch.nn.Module):
