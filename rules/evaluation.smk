@@ -312,6 +312,9 @@ rule report_config:
     conda:
         "envs/fid.yaml"
     params:
-        section=config,
+        # every key but gpu_memory (rules/memory.smk): what the run's GPUs hold, a check before
+        # any job, not what the run computes; the SLURM profile sets it, so a run under the
+        # profile and a dry run without it would otherwise disagree on this rule's params
+        section={k: v for k, v in config.items() if k != "gpu_memory"},
     script:
         "../workflow_scripts/report_config.py"

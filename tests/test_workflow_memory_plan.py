@@ -216,3 +216,16 @@ def test_cuda_measurements_compare_to_the_tensors():
     allowances = planned["components"]["CUDA runtime allowance"]
     allowances += planned["components"]["allocator allowance"]
     assert memory_plans.comparable_peak(job, planned) == planned["peak"] - allowances
+
+
+def test_gpu_memory_is_no_rerun_trigger(tmp_path):
+    # the SLURM profile sets gpu_memory; a dry run without the profile must not find the run's
+    # configuration page out of date (its params leave gpu_memory out: it computes nothing)
+    config = _config(tmp_path / "c.yaml")
+    target = "results/tiny/report/config.yaml"
+    ran = snakemake(tmp_path, "--configfile", str(config), "--cores", "1", "--config",
+                    "gpu_memory=80GiB", "--", target)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "gpu_memory" not in (tmp_path / target).read_text()
+    planned = snakemake(tmp_path, "--configfile", str(config), "-n", target)
+    assert "Nothing to be done" in planned.stdout + planned.stderr, planned.stdout[-3000:]
