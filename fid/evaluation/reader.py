@@ -19,6 +19,7 @@ from fid.metrics.answers import answer_metrics, describe_answer_metrics, exact_m
 from fid.runtime import distributed
 from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import atomic_paths, atomic_write_json, atomic_write_jsonl
+from fid.runtime.oom import Injection
 from fid.runtime.precision import autocast, resolve_precision
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ def eval_reader(
     with torch.no_grad(), autocast(device, precision):
         local = generate_answers(
             reader, tokenizer, collator, mine, cfg.eval_batch_size, cfg.max_new_tokens,
-            cfg.num_beams, device, acceleration=cfg,
+            cfg.num_beams, device, acceleration=cfg, command="eval-reader",
+            injection=Injection.from_env(distributed.world()[0]),
         )  # fmt: skip
     # This rank's generation speed (its share of the questions): the Pareto plot's x axis
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - started_cpu

@@ -1,7 +1,8 @@
 """Answer generation by a FiD reader over a question set (greedy or beam search).
 
 Questions are processed in batches of similar total length (fid.inference.batching), so little
-padding is wasted; answers come back in the input order.
+padding is wasted; answers come back in the input order. A batch that runs out of memory is
+redone in two halves, the same answers (fid.runtime.oom).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fid.data.reader_batches import ReaderCollator
 from fid.inference.accelerated_generation import accelerated_generate
 from fid.inference.batching import counted, length_sorted_batches
 from fid.models.reader import FiDReader
+from fid.runtime.oom import BatchSplitter, Injection
 
 logger = logging.getLogger(__name__)
 
@@ -30,16 +32,25 @@ def generate_answers(
     num_beams: int,
     device: torch.device,
     acceleration=None,
+    command: str = "generate",
+    injection: Injection | None = None,
 ) -> list[str]:
     """Generated answer strings, one per example, in input order.
 
     `acceleration`: an EvalReaderConfig whose passage pruning or token elimination is on
-    (fid.inference.accelerated_generation), or None for plain generation."""
+    (fid.inference.accelerated_generation), or None for plain generation. A batch out of
+    memory is redone in halves, the batch size lowered for the rest of the run
+    (fid.runtime.oom; `command` names the run in its warning, `injection`: simulated failures).
+    """
     predictions: list[str | None] = [None] * len(examples)
-    batches = length_sorted_batches(collator, examples, batch_size)
-    for indices in counted(batches, "generate", logger):
-        batch = collator([examples[i] for i in indices]).to(device)
-        if acceleration is not None and acceleration.accelerated:
+    accelerated = acceleration is not None and acceleration.accelerated
+
+    def prepare(indices):
+        return collator([examples[i] for i in indices])
+
+    def forward(batch):
+        batch = batch.to(device)
+        if accelerated:
             output = accelerated_generate(
                 reader, batch.input_ids, batch.attention_mask, max_new_tokens, acceleration
             )
@@ -47,6 +58,13 @@ def generate_answers(
             output = reader.generate(
                 batch.input_ids, batch.attention_mask, max_new_tokens, num_beams
             )
+        return output.cpu()
+
+    splitter = BatchSplitter(
+        command, device, lambda i: f"question {examples[i].id!r}", batch_size, injection
+    )
+    batches = counted(length_sorted_batches(collator, examples, batch_size), "generate", logger)
+    for indices, output in splitter.run(batches, prepare, forward):
         texts = tokenizer.batch_decode(output, skip_special_tokens=True)
         for i, text in zip(indices, texts, strict=True):
             predictions[i] = text.strip()

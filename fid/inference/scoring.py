@@ -5,6 +5,8 @@ mass); with mode "pdist", the log-likelihood of the question's answer given each
 (Atlas's perplexity distillation); with "loop", how much the answer's log-likelihood given all
 the passages drops when one is left out (Atlas's leave-one-out perplexity distillation).
 
+A batch that runs out of memory is redone in two halves, equal scores (fid.runtime.oom).
+
 `fid score-passages` writes each question file back with `reader_score` in every ctx: the
 reader's score for the passages it read (`FiDReader.passage_scores`: the original's mean
 pre-softmax logit, or the attention mass), None for the others, so no stale score survives.
@@ -30,6 +32,7 @@ from fid.inference.batching import counted, length_sorted_batches, reader_and_co
 from fid.models.reader import FiDReader
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
+from fid.runtime.oom import BatchSplitter, Injection
 from fid.runtime.precision import autocast
 
 logger = logging.getLogger(__name__)
@@ -56,29 +59,44 @@ def passage_scores(
     batch_size: int,
     mode: str,
     device: torch.device,
+    injection: Injection | None = None,
 ) -> list[ReadScores]:
-    """Reader scores of the passages each question's reader input holds, in input order."""
+    """Reader scores of the passages each question's reader input holds, in input order.
+
+    A batch out of memory is redone in halves, the batch size lowered for the rest of the run
+    (fid.runtime.oom; `injection`: its simulated failures)."""
     scores: list[ReadScores | None] = [None] * len(examples)
     # PDist's and LOOP's answers, checked before any scoring: a question without one fails at once
     answers = [_answer(example, mode) for example in examples] if mode in ANSWER_MODES else None
-    batches = length_sorted_batches(collator, examples, batch_size)
-    for indices in counted(batches, "score", logger):
+
+    def prepare(indices):
         chosen = [examples[i] for i in indices]
-        if answers is not None:
-            batch = collator(chosen, [answers[i] for i in indices]).to(device)
-            teacher = (
-                reader.answer_log_likelihoods
-                if mode == "pdist"
-                else reader.leave_one_out_log_likelihoods
-            )
-            values = teacher(batch.input_ids, batch.attention_mask, batch.labels)
-        else:
-            batch = collator(chosen).to(device)
+        if answers is None:
+            return collator(chosen)
+        return collator(chosen, [answers[i] for i in indices])
+
+    def forward(batch):
+        batch = batch.to(device)
+        if answers is None:
             values = reader.passage_scores(batch.input_ids, batch.attention_mask, mode)
+        elif mode == "pdist":
+            values = reader.answer_log_likelihoods(
+                batch.input_ids, batch.attention_mask, batch.labels
+            )
+        else:
+            values = reader.leave_one_out_log_likelihoods(
+                batch.input_ids, batch.attention_mask, batch.labels
+            )
         # (B, N) float: one score per passage slot; slots past a question's ctxs are padding
-        values = values.float().cpu()
+        return values.float().cpu(), batch.ctx_indices
+
+    splitter = BatchSplitter(
+        "score-passages", device, lambda i: f"question {examples[i].id!r}", batch_size, injection
+    )
+    batches = counted(length_sorted_batches(collator, examples, batch_size), "score", logger)
+    for indices, (values, ctx_indices) in splitter.run(batches, prepare, forward):
         for row, i in enumerate(indices):
-            read = batch.ctx_indices[row]
+            read = ctx_indices[row]
             row_values = values[row, : len(read)].numpy().astype(np.float32)
             if np.isnan(row_values).any():
                 raise RuntimeError(f"question {examples[i].id}: a read passage got no score")
@@ -147,7 +165,10 @@ def score_passages(
     reader, _, collator = reader_and_collator(cfg, model_path, device)
     mine = take(examples, distributed.shard_indices(len(examples)))
     with torch.no_grad(), autocast(device, cfg.precision):
-        local = passage_scores(reader, collator, mine, cfg.batch_size, cfg.mode, device)
+        local = passage_scores(
+            reader, collator, mine, cfg.batch_size, cfg.mode, device,
+            Injection.from_env(distributed.world()[0]),
+        )  # fmt: skip
     scores = distributed.gather_to_main(len(examples), local)
     if scores is not None:
         scoring = {"mode": cfg.mode, "n_passages": cfg.n_passages}

@@ -2,7 +2,8 @@
 
 `retrieve` (`rank_dense` for questions in memory) encodes questions (each rank its share),
 searches the faiss index and returns FiD-format records whose ctxs carry DPR's `has_answer`.
-Passages are embedded by fid.retrieval.embeddings.
+Passages are embedded by fid.retrieval.embeddings. A batch of questions that runs out of memory
+is redone in two halves (fid.runtime.oom).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fid.retrieval.index import PassageIndex
 from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
+from fid.runtime.oom import BatchSplitter, Injection
 from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
 
@@ -38,20 +40,40 @@ def encode_questions(
     batch_size: int,
     device: torch.device,
     precision: str,
+    ids: Sequence[str] | None = None,
+    injection: Injection | None = None,
 ) -> np.ndarray:
-    """(q, D) float32 question embeddings in input order (each rank encodes its share)."""
+    """(q, D) float32 question embeddings in input order (each rank encodes its share).
+
+    A batch out of memory is redone in halves, the batch size lowered for the rest of the run
+    (fid.runtime.oom); `ids`: the questions' ids, which its messages name (else their
+    positions); `injection`: its simulated failures."""
     model.eval()
-    mine = [questions[i] for i in distributed.shard_indices(len(questions))]
-    out = np.empty((len(mine), model.dim), dtype=np.float32)
-    bar = progress(desc="encode questions", unit="questions", total=len(mine), log=logger)
+    shard = distributed.shard_indices(len(questions))
+    out = np.empty((len(shard), model.dim), dtype=np.float32)
+    bar = progress(desc="encode questions", unit="questions", total=len(shard), log=logger)
+
+    def prepare(rows):
+        return encode.questions([questions[shard[row]] for row in rows])
+
+    def forward(batch):
+        batch = batch.to(device)
+        vectors = model.encode_questions(batch["input_ids"], batch["attention_mask"])
+        return vectors.float().cpu().numpy()
+
+    def describe(row: int) -> str:
+        i = shard[row]
+        return f"question {ids[i]!r}" if ids is not None else f"question {i + 1} (1-based)"
+
+    splitter = BatchSplitter("retrieve", device, describe, batch_size, injection)
+    rows = list(range(len(shard)))
+    batches = [rows[start : start + batch_size] for start in range(0, len(rows), batch_size)]
     with autocast(device, precision), bar:
-        for start in range(0, len(mine), batch_size):
-            batch = encode.questions(list(mine[start : start + batch_size])).to(device)
-            vectors = model.encode_questions(batch["input_ids"], batch["attention_mask"])
-            out[start : start + len(vectors)] = vectors.float().cpu().numpy()
+        for piece, vectors in splitter.run(batches, prepare, forward):
+            out[piece] = vectors
             bar.update(len(vectors))
-    rows = distributed.gather_in_order(len(questions), list(out))
-    return np.stack(rows) if rows else np.empty((0, model.dim), dtype=np.float32)
+    gathered = distributed.gather_in_order(len(questions), list(out))
+    return np.stack(gathered) if gathered else np.empty((0, model.dim), dtype=np.float32)
 
 
 def rank_dense(
@@ -62,23 +84,25 @@ def rank_dense(
     questions: Sequence[dict],
     cfg: RetrieveConfig,
     device: torch.device,
+    injection: Injection | None = None,
 ) -> list[dict]:
     """Dense retrieval of the top `cfg.top_k` passages of each question, as FiD records."""
-    scores, ranked_ids = search_dense(model, encode, index, questions, cfg, device)
+    scores, ranked_ids = search_dense(model, encode, index, questions, cfg, device, injection)
     needed = {passage_id for ids in ranked_ids for passage_id in ids}
     passages = fetch_passages(passages_path, needed)
     return retrieval_records(questions, ranked_ids, scores, passages, cfg.has_answer_mode)
 
 
-def search_dense(model, encode, index, questions, cfg, device):
+def search_dense(model, encode, index, questions, cfg, device, injection=None):
     """(scores, ranked passage ids) of every question: the search of `rank_dense` alone."""
     # "auto": bf16 on a GPU, and on a CPU that computes it natively for a model wide enough
     width = model.question_encoder.config.hidden_size
     precision = resolve_precision(cfg.precision, device, width)
     logger.info("encoding questions in %s", precision)
     vectors = encode_questions(
-        model, encode, [q["question"] for q in questions], cfg.batch_size, device, precision
-    )
+        model, encode, [q["question"] for q in questions], cfg.batch_size, device, precision,
+        ids=[str(q.get("id", "")) for q in questions], injection=injection,
+    )  # fmt: skip
     set_search_knobs(index, cfg)
     return index.search_rows(vectors, cfg.top_k)
 
@@ -113,13 +137,16 @@ def retrieve(
     )
     index = PassageIndex.load(index_path, expected_dim=retriever.dim)
     set_search_knobs(index, cfg)
+    injection = Injection.from_env(distributed.world()[0])
     if cfg.list_format == "compact":
-        scores, ranked = search_dense(retriever, encode, index, questions, cfg, device)
+        scores, ranked = search_dense(retriever, encode, index, questions, cfg, device, injection)
         if distributed.is_main():
             store = passages_for(passages_path, (i for ids in ranked for i in ids))
             write_compact_lists(output, questions, ranked, scores, store, cfg.has_answer_mode)
     else:
-        records = rank_dense(retriever, encode, index, passages_path, questions, cfg, device)
+        records = rank_dense(
+            retriever, encode, index, passages_path, questions, cfg, device, injection
+        )
         if distributed.is_main():
             atomic_write_json(output, records)
     logger.info("retrieved %d passages for %d questions into %s", cfg.top_k, len(questions), output)

@@ -2,7 +2,8 @@
 
 `embed_passages` reads one contiguous shard of the passage file (so shards run as separate jobs),
 sorts passages by token length within chunks, so each batch is padded only to its own longest,
-and returns float16 embeddings with the passage ids.
+and returns float16 embeddings with the passage ids. A batch that runs out of memory is redone
+in two halves (fid.runtime.oom).
 
 Embedding shards are written by `fid embed-passages` (one job per shard). Shard `k` of `n` with
 path prefix `P` is three files: `P.npy` (float16, (n_k, D)), `P.ids.npy` (the passage ids, a
@@ -27,7 +28,9 @@ from fid.data.passages import Passage, iter_passages, passage_shard_bounds
 from fid.errors import DataError
 from fid.models.loading import load_retriever
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
+from fid.runtime import distributed
 from fid.runtime.fileio import atomic_path, atomic_write_json, warn_if_short_of_space
+from fid.runtime.oom import BatchSplitter, Injection
 from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
 from fid.text_files import read_json
@@ -48,8 +51,10 @@ def passage_embeddings(
     cfg: EmbedPassagesConfig,
     device: torch.device,
     total: int | None = None,
+    injection: Injection | None = None,
 ) -> tuple[np.ndarray, list[str]]:
-    """Embeds passages in input order.
+    """Embeds passages in input order; a batch out of memory is redone in halves, the batch
+    size lowered for the rest of the run (fid.runtime.oom).
 
     Args:
         model: the retriever (its passage encoder is used).
@@ -58,6 +63,7 @@ def passage_embeddings(
         cfg: batch size, chunking for length sorting, precision.
         device: where the model is.
         total: passage count for the progress log (its percentage and ETA), when known.
+        injection: simulated out-of-memory errors (a testing aid), or None.
 
     Returns:
         (n, D) float16 embeddings and the n passage ids.
@@ -66,25 +72,32 @@ def passage_embeddings(
     parts, ids = [], []
     bar = progress(desc="embed", unit="passages", total=total, log=logger)
     amp = autocast(device, cfg.precision)
+    chunk: list[Passage] = []
+
+    def prepare(rows):
+        # pad_to_max_length: the fixed-padding baseline of the benchmark
+        titles, texts = [chunk[i].title for i in rows], [chunk[i].text for i in rows]
+        return encode.passages(titles, texts, cfg.pad_to_max_length)
+
+    def forward(batch):
+        with amp:
+            vectors = model.encode_passages(
+                batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            )
+        return vectors.float().cpu().numpy()
+
+    splitter = BatchSplitter(
+        "embed-passages", device, lambda i: f"passage {chunk[i].id!r}", cfg.batch_size, injection
+    )
     for chunk in _chunks(iter(passages), cfg.sort_chunk):
-        titles = [p.title for p in chunk]
-        texts = [p.text for p in chunk]
         order = list(range(len(chunk)))
         if cfg.sort_by_length:
-            lengths = encode.passage_lengths(titles, texts)
+            lengths = encode.passage_lengths([p.title for p in chunk], [p.text for p in chunk])
             order.sort(key=lambda i: lengths[i])
         embedded = np.empty((len(chunk), model.dim), dtype=np.float16)
-        for start in range(0, len(order), cfg.batch_size):
-            rows = order[start : start + cfg.batch_size]
-            # pad_to_max_length: the fixed-padding baseline of the benchmark
-            batch = encode.passages(
-                [titles[i] for i in rows], [texts[i] for i in rows], cfg.pad_to_max_length
-            )
-            with amp:
-                vectors = model.encode_passages(
-                    batch["input_ids"].to(device), batch["attention_mask"].to(device)
-                )
-            embedded[rows] = vectors.float().cpu().numpy()
+        batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+        for rows, vectors in splitter.run(batches, prepare, forward):
+            embedded[rows] = vectors
             bar.update(len(rows))
         parts.append(embedded)
         ids.extend(p.id for p in chunk)
@@ -366,8 +379,9 @@ def embed_passages(
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device, width))
     logger.info("embedding in %s", cfg.precision)
     embeddings, ids = passage_embeddings(
-        retriever, encode, iter_passages(passages_path, start, end), cfg, device
-    )
+        retriever, encode, iter_passages(passages_path, start, end), cfg, device,
+        injection=Injection.from_env(distributed.world()[0]),
+    )  # fmt: skip
     save_embedding_shard(
         output, embeddings, ids, shard, n_shards, model=str(model_path), precision=cfg.precision
     )

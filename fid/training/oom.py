@@ -30,23 +30,23 @@ Testing aid: `FID_INJECT_OOM="K:TOKENS"` makes the K-th micro-batch forward of t
 (counting from 1, redone ones too) and every later one raise `torch.OutOfMemoryError` when its
 micro-batch holds more than TOKENS tokens (as `TrainTask.item_tokens` counts them): a device
 that from then on holds TOKENS tokens. `FID_INJECT_OOM="K:TOKENS:RANK"` does so on that rank
-only. Read once per run, here (`Injection.from_env`); never set it for real training.
+only. Read once per run, here (`Injection.from_env`, fid.runtime.oom, which inference shares);
+never set it for real training.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from fid.errors import ConfigError, InputError
+from fid.errors import InputError
 from fid.runtime import distributed
+from fid.runtime.oom import INJECT_OOM, Injection, free_memory
 from fid.training.checkpoint import TrainingProgress, rng_state, set_rng_state
 
 if TYPE_CHECKING:
@@ -54,39 +54,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-INJECT_OOM = "FID_INJECT_OOM"
+__all__ = ["INJECT_OOM", "Injection", "MicroBatchDoesNotFit", "StepRecovery", "fit", "halve"]
 
 
 class MicroBatchDoesNotFit(InputError):
     """A micro-batch that cannot be split further ran out of memory."""
-
-
-@dataclass(frozen=True)
-class Injection:
-    """Simulated out-of-memory errors (a testing aid: the module docstring)."""
-
-    from_forward: int  # 1-based: the first forward that may fail
-    above_tokens: int  # micro-batches with more tokens fail
-
-    @classmethod
-    def from_env(cls, rank: int, environ: Mapping[str, str] = os.environ) -> Injection | None:
-        value = environ.get(INJECT_OOM)
-        if not value:
-            return None
-        parts = value.split(":")
-        try:
-            numbers = [int(part) for part in parts]
-        except ValueError:
-            numbers = []
-        if len(numbers) not in (2, 3) or numbers[0] < 1 or numbers[1] < 0:
-            raise ConfigError(
-                f"{INJECT_OOM}={value!r}: expected K:TOKENS or K:TOKENS:RANK (K >= 1, TOKENS "
-                f">= 0). Hint: it is a testing aid; unset it"
-            )
-        if len(numbers) == 3 and numbers[2] != rank:
-            return None
-        logger.warning("%s=%s: simulated out-of-memory errors (a testing aid)", INJECT_OOM, value)
-        return cls(numbers[0], numbers[1])
 
 
 class _GuardedTask:
@@ -105,12 +77,7 @@ class _GuardedTask:
         self.forwards += 1
         injection = self.injection
         if injection is not None and self.forwards >= injection.from_forward:
-            tokens = self.task.item_tokens(item)
-            if tokens > injection.above_tokens:
-                raise torch.OutOfMemoryError(
-                    f"{INJECT_OOM}: forward {self.forwards}, {tokens} tokens > "
-                    f"{injection.above_tokens}"
-                )
+            injection.check(self.forwards, self.task.item_tokens(item))
         return self.task.loss(model, item)
 
     def loss_items(self, item: Any) -> int:
@@ -205,9 +172,7 @@ class StepRecovery:
         for parameter in parameters:
             parameter.grad = None
         self.guarded.current = None
-        gc.collect()  # a cycle through the failed attempt's frames would hold its tensors
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # the redo may need the blocks in other sizes
+        free_memory(self.device)
 
     def _lower_limit(self, step: int, failures: list[_Failure | None]) -> None:
         """Every rank alike, from every rank's failure."""
