@@ -264,3 +264,13 @@ def test_batches_are_halved_until_they_fit_and_the_size_stays_lowered(caplog):
     one = BatchSplitter("cmd", torch.device("cpu"), lambda x: f"item {x}", 4, Injection(1, 0))
     with pytest.raises(ItemDoesNotFit, match=r"cmd: item 1 \(1 tokens\) alone ran out"):
         list(one.run([[1, 2, 3]], _items, forward))
+
+
+def test_ranks_in_lockstep_do_not_split(monkeypatch):
+    """A sharded model's ranks run every forward together: one rank may not redo one alone."""
+    from fid.runtime import distributed
+
+    monkeypatch.setattr(distributed, "in_lockstep", lambda: True)
+    splitter = BatchSplitter("cmd", torch.device("cpu"), str, 4, Injection(1, 1))
+    with pytest.raises(torch.OutOfMemoryError, match=INJECT_OOM):
+        list(splitter.run([[1, 2]], _items, lambda inputs: inputs["items"]))

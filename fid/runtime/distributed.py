@@ -126,6 +126,12 @@ def every_rank_does_all():
         _split_work = previous
 
 
+def in_lockstep() -> bool:
+    """Inside `every_rank_does_all` with several ranks: each forward call is every rank's
+    (a sharded model's collectives), so no rank may run one that the others do not."""
+    return not _split_work and world()[1] > 1
+
+
 def shard_indices(n: int) -> list[int]:
     """This rank's share of n items: every world_size-th item (nothing lost or repeated)."""
     rank, size = world()

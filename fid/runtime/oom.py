@@ -18,6 +18,11 @@ is written until every batch has run, so a run that fails writes nothing.
 One item (a question with its passages, or one passage) that alone runs out of memory ends the
 run with `ItemDoesNotFit`, naming the item and its tokens (exit status 1, nothing written).
 
+Each rank splits its own batches: inference ranks run their shares apart and meet only to
+gather the outputs at the end. Where they run every forward together (a sharded model's dev
+evaluation in training, `distributed.every_rank_does_all`) the error is not recovered: a rank
+that redid a forward alone would leave the others inside its collectives.
+
 Testing aid, shared with training: `FID_INJECT_OOM="K:TOKENS"` makes the K-th forward of the
 process (counting from 1, redone ones too) and every later one raise `torch.OutOfMemoryError`
 when it holds more than TOKENS tokens: a device that from then on holds TOKENS tokens.
@@ -42,6 +47,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from fid.errors import ConfigError, InputError
+from fid.runtime import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +170,8 @@ class BatchSplitter(Generic[Item]):
                         self.injection.check(self.forwards, tokens)
                     outputs = forward(inputs)
                 except torch.OutOfMemoryError:
+                    if distributed.in_lockstep():
+                        raise  # the other ranks are inside this forward's collectives
                     failed = True
                 # Out of the except block the error, its traceback and the frames that held
                 # the failed forward's tensors are gone.
