@@ -8,8 +8,8 @@ Training redoes a whole optimizer step in smaller micro-batches (fid.training.oo
 `except` block, then `gc.collect()` and, on CUDA, `torch.cuda.empty_cache()`), the batch is cut
 in two halves of items (the first holds the odd one) and the halves are run, each cut again if
 it too fails. The batch size (items per forward) is lowered to the larger half's for the rest
-of the run: every later batch is cut into pieces within it, and one WARNING names the command
-and the old and new size. Each piece is a contiguous run of the batch's items and its outputs
+of the run: every later batch (and what is left of this one) is cut into pieces within it of
+about equal sizes. Each lowering is one WARNING naming the command and the old and new size. Each piece is a contiguous run of the batch's items and its outputs
 go to the same places, so the outputs are the unsplit run's: equal where the computation does
 not depend on the batch's padding, within float32 round-off where it does (a piece may be
 padded shorter than the batch it came from); tests/test_inference_oom.py says which. Nothing
@@ -24,15 +24,15 @@ evaluation in training, `distributed.every_rank_does_all`) the error is not reco
 that redid a forward alone would leave the others inside its collectives.
 
 Testing aid, shared with training: `FID_INJECT_OOM="K:TOKENS"` makes the K-th forward of the
-process (counting from 1, redone ones too) and every later one raise `torch.OutOfMemoryError`
-when it holds more than TOKENS tokens: a device that from then on holds TOKENS tokens.
-`FID_INJECT_OOM="K:TOKENS:RANK"` does so on that rank only. Read once per run
-(`Injection.from_env`); never set it for real runs. Training counts a micro-batch's tokens as
-its `TrainTask.item_tokens`; inference counts a batch's real (not padding) input tokens, the
-sum of its attention mask: for the reader every passage slot's question, title and passage
-tokens after truncation; for the retriever each passage's or question's tokens after
-truncation, special tokens included. Padding does not count, so a batch's count is the sum of
-its items' and does not change when the batch is cut.
+process (counting from 1, redone ones too; an inference command counts its batches' forwards)
+and every later one raise `torch.OutOfMemoryError` when it holds more than TOKENS tokens: a
+device that from then on holds TOKENS tokens. `FID_INJECT_OOM="K:TOKENS:RANK"` does so on that
+rank only. Read once per run (`Injection.from_env`); never set it for real runs. Training
+counts a micro-batch's tokens as its `TrainTask.item_tokens`; inference counts a batch's real
+(not padding) input tokens, the sum of its attention mask: for the reader every passage slot's
+question, title and passage tokens after truncation; for the retriever each passage's or
+question's tokens after truncation, special tokens included. Padding does not count, so a
+batch's count is the sum of its items' and does not change when the batch is cut.
 """
 
 from __future__ import annotations
