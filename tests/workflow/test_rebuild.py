@@ -90,7 +90,8 @@ def test_report_shows_its_numbers(tiny_run):
 
     pages = report_pages(tiny_run / "report.html")
     report = tiny_run / "results/tiny/report"
-    for name in ("exact_match", "retrieval", "flags", "runtimes", "training", "acceleration"):
+    names = ("exact_match", "retrieval", "flags", "runtimes", "training", "acceleration")
+    for name in (*names, "memory"):
         assert f"results/tiny/report/{name}.html" in pages, sorted(pages)
     em_page = pages["results/tiny/report/exact_match.html"]
     assert "exact match (%)" in em_page and "questions" in em_page
@@ -162,6 +163,9 @@ def test_deleting_a_retriever_reruns_only_its_dependents(tiny_run):
         expected |= {_job("eval_retrieval", source="iter1", split=split)}
     expected |= {_job("report_tables"), _job("report_flags"), _job("report_plots")}
     expected |= {_job("report_training"), _job("report_runtimes")}
+    # the memory table reads each trained model's folder (its metrics.jsonl's measured peak,
+    # its train_config.yaml's lists): the retrained model is one of its inputs
+    expected |= {_job("report_memory")}
     assert _plan(tiny_run) == expected
     _rebuild(tiny_run)
     assert _plan(tiny_run) == set()
