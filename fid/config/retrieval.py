@@ -162,12 +162,13 @@ class RetrieverTrainConfig(TrainingConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.max_tokens_per_batch == "auto":  # its batch is the loss's in-batch negatives
+        if self.max_tokens_per_batch is not None:  # its batch is the loss's in-batch negatives
             raise ConfigError(
-                "max_tokens_per_batch = 'auto' is the reader's: the retriever's micro-batch is "
-                "batch_size_per_device questions, whose passages are each other's in-batch "
-                "negatives (a part of the loss, not only of the memory): set that instead, and "
-                "see `fid plan-memory --for train-retriever` for what fits"
+                f"max_tokens_per_batch = {self.max_tokens_per_batch!r} is the reader's: the "
+                "retriever's micro-batch is batch_size_per_device questions, whose passages are "
+                "each other's in-batch negatives (a part of the loss, not only of the memory): "
+                "set that instead (null here), and see `fid plan-memory --for train-retriever` "
+                "for what fits"
             )
         check_range("n_passages", self.n_passages, low=1)
         check_range("question_max_tokens", self.question_max_tokens, low=4)

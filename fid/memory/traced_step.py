@@ -126,7 +126,12 @@ def trace_reader_step(config: PretrainedConfig, shape: StepShape, run: StepRun) 
             parts = []
             for rows in torch.tensor_split(torch.arange(B * N), min(run.encoder_buckets, B * N)):
                 ids = torch.ones(len(rows), L, dtype=torch.long)
-                hidden = t5.encoder(input_ids=ids, attention_mask=torch.ones_like(ids))
+                # a bucket of several passages holds padding (it is padded to its longest),
+                # so attention gets a (rows, heads, L, L) mask; one passage alone has none,
+                # and transformers drops an all-ones mask for SDPA (eager keeps it)
+                alone = len(rows) == 1 and run.attention == "sdpa"
+                mask = None if alone else torch.ones_like(ids)
+                hidden = t5.encoder(input_ids=ids, attention_mask=mask)
                 # FiDReader picks the real tokens by a mask (a copy; its backward keeps the
                 # row and position of each): all of them here
                 kept = hidden.last_hidden_state[:, :k].reshape(len(rows) * k, -1)
