@@ -323,18 +323,45 @@ def ask(args) -> None:
 
 
 def plan_memory(args) -> None:
-    from fid.config import ConfigError, ReaderTrainConfig, RetrieverTrainConfig
-    from fid.memory.command_plans import command_plan_inputs, effective_tokens
+    from fid.config import (
+        ConfigError,
+        EmbedPassagesConfig,
+        EvalReaderConfig,
+        ReaderTrainConfig,
+        RetrieverTrainConfig,
+        ScorePassagesConfig,
+    )
+    from fid.memory.command_plans import (
+        command_plan_inputs,
+        effective_tokens,
+        inference_plan_inputs,
+    )
+    from fid.memory.inference_plan import fit_inference, inference_summary, plan_inference
     from fid.memory.plan import MemoryDoesNotFit, fit_memory, parse_size, plan_step, plan_summary
 
     if args.world_size < 1:
         raise ConfigError(f"--world-size = {args.world_size} is out of range: expected >= 1")
+    if args.answer_tokens < 1:
+        raise ConfigError(f"--answer-tokens = {args.answer_tokens} is out of range: expected >= 1")
     memory = None if args.gpu_memory is None else parse_size(args.gpu_memory)
-    config_class = ReaderTrainConfig if args.planned == "train-reader" else RetrieverTrainConfig
+    config_class = {
+        "train-reader": ReaderTrainConfig, "train-retriever": RetrieverTrainConfig,
+        "eval-reader": EvalReaderConfig, "score-passages": ScorePassagesConfig,
+        "embed-passages": EmbedPassagesConfig,
+    }[args.planned]  # fmt: skip
     cfg = _load_config(args, config_class)
-    inputs = command_plan_inputs(args.planned, cfg, args.model, args.world_size, args.plan_device)
-    plan = plan_step(inputs)
-    fit = None if memory is None else fit_memory(inputs, memory, effective_tokens(inputs, cfg))
-    print(plan_summary(plan, args.model, cfg, memory, fit))
+    if args.planned.startswith("train-"):
+        inputs = command_plan_inputs(args.planned, cfg, args.model, args.world_size,
+                                     args.plan_device)  # fmt: skip
+        plan = plan_step(inputs)
+        fit = None if memory is None else fit_memory(inputs, memory, effective_tokens(inputs, cfg))
+        print(plan_summary(plan, args.model, cfg, memory, fit))
+    else:  # one rank's batch: inference commands shard their data, not their model
+        inputs = inference_plan_inputs(args.planned, cfg, args.model, args.plan_device,
+                                       args.answer_tokens)  # fmt: skip
+        plan = plan_inference(inputs)
+        fit = None if memory is None else fit_inference(inputs, memory)
+        batch_key = "eval_batch_size" if args.planned == "eval-reader" else "batch_size"
+        print(inference_summary(plan, args.model, memory, fit, batch_key))
     if memory is not None and plan.peak > memory:
         raise MemoryDoesNotFit(f"{args.config}: does not fit in {args.gpu_memory} (above)")

@@ -242,15 +242,20 @@ the search); --reader, --retriever, --index, --passages replace them. Without --
     c = add(
         "plan-memory",
         commands.plan_memory,
-        "Predict a training step's peak memory per rank from its --config and the model's "
-        "config.json (no weights are read); with --gpu-memory, whether it fits and the largest "
-        "max_tokens_per_batch that does. Exit 1 when the config does not fit.",
+        "Predict a command's peak memory per rank from its --config and the model's "
+        "config.json (no weights are read): a training step, or an inference batch "
+        "(eval-reader, score-passages, embed-passages); with --gpu-memory, whether it fits and "
+        "the largest max_tokens_per_batch (training) or batch size (inference) that does. Exit "
+        "1 when the config does not fit.",
     )
     c.add_argument("--for", dest="planned", required=True,
-                   choices=("train-reader", "train-retriever"), help="the command to plan")  # fmt: skip
+                   choices=("train-reader", "train-retriever", "eval-reader", "score-passages",
+                            "embed-passages"), help="the command to plan")  # fmt: skip
     c.add_argument("--model", required=True, help="model folder or hub name it starts from")
     c.add_argument("--world-size", type=int, default=1, help="ranks of the run (default 1)")
     c.add_argument("--device", dest="plan_device", choices=("cuda", "cpu"), default="cuda",
                    help="the device it will run on (default cuda)")  # fmt: skip
     c.add_argument("--gpu-memory", help="memory of one rank's device, e.g. 80GiB or 40GB")
+    c.add_argument("--answer-tokens", type=int, default=20,
+                   help="an answer's tokens, for score-passages' pdist and loop (default 20)")  # fmt: skip
     return parser

@@ -13,12 +13,10 @@ from fid.data.examples import Example
 from fid.data.reader_batches import ReaderCollator
 from fid.models.folder_checks import check_reader
 from fid.models.loading import load_reader
-from fid.models.settings import ReaderSettings, resolve_setting
+from fid.models.settings import READER_PASSAGE_MAX_TOKENS, ReaderSettings, resolve_setting
 from fid.runtime.progress import progress
 
-# The passage length of a reader whose folder records none (t5-base, a converted release):
-# the original's text_maxlength.
-DEFAULT_PASSAGE_MAX_TOKENS = 250
+DEFAULT_PASSAGE_MAX_TOKENS = READER_PASSAGE_MAX_TOKENS  # fid.models.settings says why
 
 
 def reader_and_collator(cfg, model_path: Path, device: torch.device):

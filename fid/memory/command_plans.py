@@ -79,3 +79,65 @@ def _questions(cfg: ReaderTrainConfig, tokens_per_question: int) -> int:
     if cfg.max_tokens_per_batch in (None, "auto"):
         return cfg.batch_size_per_device
     return max(1, cfg.max_tokens_per_batch // tokens_per_question)
+
+
+def inference_plan_inputs(command: str, cfg, model: str, device: str, answer_tokens: int):
+    """The plan's inputs for `fid <command> --config ...` reading `model` on `device`: an
+    eval-reader, score-passages or embed-passages config; the passage length and FiD-Light's
+    tokens as the command resolves them (the model folder's record, else the config's, else the
+    default: fid.models.settings). `answer_tokens`: an answer's tokens for pdist / loop."""
+    from pathlib import Path
+
+    from fid.memory.inference_plan import InferenceInputs
+    from fid.models.loading import DEFAULT_PASSAGE_MAX_TOKENS as RETRIEVER_PASSAGE_MAX_TOKENS
+    from fid.models.retriever_spec import CONFIG_FILE
+    from fid.models.settings import READER_PASSAGE_MAX_TOKENS, ReaderSettings, resolve_setting
+    from fid.text_files import read_json
+
+    folder = Path(model)
+    if command == "embed-passages":
+        spec = DualEncoderSpec()
+        if (folder / CONFIG_FILE).is_file():  # a trained retriever: its spec, its encoders
+            spec = DualEncoderSpec(**read_json(folder / CONFIG_FILE, "the dual encoder's spec"))
+            model = str(
+                folder / "passage_encoder" if not spec.shared else folder / "question_encoder"
+            )
+        length = resolve_setting("passage_max_tokens", spec.passage_max_tokens,
+                                 cfg.passage_max_tokens, model=folder,
+                                 override=cfg.override_model_settings,
+                                 default=RETRIEVER_PASSAGE_MAX_TOKENS)  # fmt: skip
+        config = model_config(model)
+        precision = resolve_precision(cfg.precision, torch.device(device), config.hidden_size)
+        return InferenceInputs(command, config, cfg.batch_size, 1, length, mode="embed",
+                               autocast_dtype=_AUTOCAST[precision], device=device,
+                               spec=spec)  # fmt: skip
+    settings = ReaderSettings.load(folder) if folder.is_dir() else ReaderSettings()
+    length, light_tokens = (
+        resolve_setting(name, recorded, configured, model=folder,
+                        override=cfg.override_model_settings, default=default)
+        for name, recorded, configured, default in (
+            ("passage_max_tokens", settings.passage_max_tokens, cfg.passage_max_tokens,
+             READER_PASSAGE_MAX_TOKENS),
+            ("light_tokens", settings.light_tokens, cfg.light_tokens, None),
+        )
+    )  # fmt: skip
+    config = model_config(model)
+    generation = command == "eval-reader"
+    width = config.d_model if generation else None  # scores: fp32 "auto" on a CPU, as run
+    precision = resolve_precision(cfg.precision, torch.device(device), width)
+    attention = (
+        cfg.attention if cfg.attention != "auto" else "sdpa" if device == "cuda" else "eager"
+    )
+    return InferenceInputs(
+        command, config,
+        batch=cfg.eval_batch_size if generation else cfg.batch_size,
+        passages=cfg.n_passages, passage_tokens=length,
+        answer_tokens=cfg.max_new_tokens if generation else answer_tokens,
+        mode="generate" if generation else cfg.mode,
+        num_beams=cfg.num_beams if generation else 1,
+        attention=attention, autocast_dtype=_AUTOCAST[precision], device=device,
+        encoder_buckets=cfg.encoder_buckets, light_tokens=light_tokens,
+    )  # fmt: skip
+
+
+_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}

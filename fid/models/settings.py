@@ -29,6 +29,9 @@ from fid.text_files import read_json
 logger = logging.getLogger(__name__)
 
 READER_SETTINGS_FILE = "fid_reader.json"
+# The passage length of a reader whose folder records none (t5-base, a converted release):
+# the original's text_maxlength. (Here, not in fid.inference: the memory plan reads it too.)
+READER_PASSAGE_MAX_TOKENS = 250
 # ReaderSettings keys of the fine-tuned variants, with the value of a plain reader.
 VARIANT_DEFAULTS = {"light_tokens": None, "cross_attention_every": 1}
 T = TypeVar("T")
