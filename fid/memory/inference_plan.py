@@ -225,12 +225,12 @@ def _generate(reader: FiDReader, inputs: InferenceInputs) -> None:
     scores = out.logits[:, -1, :].float()  # (rows, vocab): generate's next-token scores
     if inputs.num_beams > 1:
         scores = scores.log_softmax(dim=-1)
-    cache = out.past_key_values
+    cache = out.cache
     del out, scores
     if inputs.num_beams > 1:  # beam search reorders the cache (both attentions) every step
         cache.reorder_cache(torch.arange(rows))
     reader.t5(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=start,
-              past_key_values=cache, use_cache=True).logits[:, -1, :].float()  # fmt: skip
+              cache=cache, use_cache=True).logits[:, -1, :].float()  # fmt: skip
 
 
 def _attention_scores(reader: FiDReader, inputs: InferenceInputs) -> None:
