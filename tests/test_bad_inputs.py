@@ -411,22 +411,6 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiny_retriever_dir(tmp_path_factory, toy_world):
-    """A saved tiny DualEncoder (BERT, shared, projected) with its tokenizer."""
-    from fid.config import InitRetrieverConfig
-    from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
-    from fid.models.retriever import DualEncoder, DualEncoderSpec
-
-    path = tmp_path_factory.mktemp("tiny_retriever")
-    tokenizer = train_bert_tokenizer([p.text for p in toy_world.passages], vocab_size=300)
-    config = InitRetrieverConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    encoder = build_tiny_bert(config, vocab_size=len(tokenizer))
-    model = DualEncoder(encoder, None, DualEncoderSpec(projection_dim=8))
-    model.save_pretrained(path, tokenizer=tokenizer)
-    return path
-
-
 @pytest.fixture
 def inputs(tmp_path, tiny_model_dir, tiny_retriever_dir, toy_records, monkeypatch):
     # A hub name is looked up in the cache only (the variable is read when the hub is imported).

@@ -141,19 +141,12 @@ def test_a_question_that_never_fits_is_named_and_nothing_is_written(
 
 
 @pytest.fixture(scope="module")
-def retriever_world(tmp_path_factory, toy_world):
+def retriever_world(tmp_path_factory, toy_world, tiny_retriever_dir):
     """(a tiny DualEncoder folder, a passage TSV of the toy world, its questions)."""
-    from fid.config import InitRetrieverConfig
-    from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
-    from fid.models.retriever import DualEncoder, DualEncoderSpec
+    import shutil
 
     root = tmp_path_factory.mktemp("retriever")
-    tokenizer = train_bert_tokenizer([p.text for p in toy_world.passages], vocab_size=300)
-    config = InitRetrieverConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    encoder = build_tiny_bert(config, vocab_size=len(tokenizer))
-    DualEncoder(encoder, None, DualEncoderSpec(projection_dim=8)).save_pretrained(
-        root / "model", tokenizer=tokenizer
-    )
+    shutil.copytree(tiny_retriever_dir, root / "model")
     rows = ["id\ttext\ttitle"] + [f"{p.id}\t{p.text}\t{p.title}" for p in toy_world.passages]
     (root / "psgs.tsv").write_text("\n".join(rows) + "\n")
     questions = [{"id": q.id, "question": q.question, "answers": list(q.answers)}
