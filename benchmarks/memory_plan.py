@@ -48,6 +48,12 @@ def cases(quick: bool) -> list[dict]:
     for model, questions, passages in retrievers:
         found.append(dict(command="train-retriever", model=model, questions=questions,
                           passages=passages, tokens=200, checkpointing=False))  # fmt: skip
+    # inference (fid.memory.inference_plan): generation's cache, scoring's kept keys
+    for model in readers:
+        for mode in ("generate", "mean_logit", "pdist"):
+            found.append(dict(command="eval-reader" if mode == "generate" else "score-passages",
+                              model=model, questions=4, passages=50, tokens=250,
+                              checkpointing=False, mode=mode))  # fmt: skip
     return found
 
 
@@ -57,12 +63,20 @@ def _config(command: str, model: str):
     from fid.memory.model_shapes import model_config
 
     if model == "tiny":
-        return T5Config(**TINY_T5) if command == "train-reader" else BertConfig(**TINY_BERT)
+        return BertConfig(**TINY_BERT) if command == "train-retriever" else T5Config(**TINY_T5)
     return model_config(model)
 
 
 def _plan_inputs(case: dict, device: str):
     import torch
+
+    if "mode" in case:
+        from fid.memory.inference_plan import InferenceInputs
+
+        return InferenceInputs(case["command"], _config(case["command"], case["model"]),
+                               case["questions"], case["passages"], case["tokens"], 20,
+                               mode=case["mode"], device=device,
+                               attention="sdpa" if device == "cuda" else "eager")  # fmt: skip
 
     from fid.memory.plan import PlanInputs
     from fid.memory.traced_step import StepRun, StepShape
@@ -93,6 +107,8 @@ def measure(case: dict, device_name: str, heap_fix: bool) -> dict:
     torch.manual_seed(0)
     device = torch.device(device_name)
     inputs = _plan_inputs(case, device.type)
+    if "mode" in case:
+        return _measure_inference(case, inputs, device)
     plan = plan_step(inputs)
     # a CPU's measure is the whole plan; CUDA's max_memory_allocated counts tensors only
     allowances = sum(v for k, v in plan.components.items() if "allowance" in k)
@@ -112,6 +128,48 @@ def measure(case: dict, device_name: str, heap_fix: bool) -> dict:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - start
+    if device.type == "cpu":
+        measured, reserved = _peak_rss() - baseline, None
+    else:
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated(device)
+        reserved = torch.cuda.max_memory_reserved(device)
+    return dict(case, predicted=predicted, plan_peak=plan.peak, measured=measured,
+                reserved=reserved, seconds=seconds)  # fmt: skip
+
+
+def _measure_inference(case: dict, inputs, device) -> dict:
+    """One batch of the inference command through FiDReader's own method, measured as a
+    training step is (the second of two batches)."""
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    from fid.memory.inference_plan import plan_inference
+    from fid.models.reader import FiDReader
+
+    plan = plan_inference(inputs)
+    allowances = sum(v for k, v in plan.components.items() if "allowance" in k)
+    predicted = plan.peak if device.type == "cpu" else plan.peak - allowances
+    baseline = _rss() if device.type == "cpu" else 0
+    reader = FiDReader(T5ForConditionalGeneration(inputs.config)).to(device).eval()
+    reader.set_attention(inputs.attention, device)
+    B, N, L = inputs.batch, inputs.passages, inputs.passage_tokens
+    mask = _padded_mask(B * N, L, device).view(B, N, L)
+    ids = torch.randint(2, inputs.config.vocab_size, (B, N, L), device=device) * mask
+    labels = torch.randint(2, inputs.config.vocab_size, (B, inputs.answer_tokens), device=device)
+    with torch.no_grad():
+        for batch in range(2):
+            if batch == 1:
+                _reset_peak(device)
+                start = time.perf_counter()
+            if inputs.mode == "generate":  # at least answer_tokens steps: no early end
+                reader.t5.generation_config.min_new_tokens = inputs.answer_tokens
+                reader.generate(ids, mask, max_new_tokens=inputs.answer_tokens)
+            elif inputs.mode == "pdist":
+                reader.answer_log_likelihoods(ids, mask, labels)
+            else:
+                reader.passage_scores(ids, mask, inputs.mode)
     seconds = time.perf_counter() - start
     if device.type == "cpu":
         measured, reserved = _peak_rss() - baseline, None
@@ -227,6 +285,8 @@ def main() -> None:
         row["error"] = row["predicted"] / row["measured"] - 1
         rows.append(row)
         shape = f"{row['questions']} x {row['passages']} x {row['tokens']}"
+        if "mode" in row:
+            shape += f" ({row['mode']})"
         print(
             f"| {row['command']} | {row['model']} | {shape} | {row['checkpointing']} | "
             f"{row['predicted'] / MIB:.0f} | {row['measured'] / MIB:.0f} | "
