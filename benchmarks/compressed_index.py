@@ -66,6 +66,10 @@ principal directions), where `nq_default` is nq.yaml's own factory and knobs.
     python benchmarks/compressed_index.py --size 200000 --choices flat opq48_rerank
     python benchmarks/compressed_index.py --distractors near --choices flat pq48_rerank
     python benchmarks/compressed_index.py --project 256 --choices flat nq_default nq_default_refine_pq64
+    python benchmarks/compressed_index.py --size 200000 --project 256 --choices flat ivf_pq_d2 ivf_sq4
+
+The ivf_* choices (issue 30 item 3) hold compact residual codes in RAM with no refinement;
+while a run goes, each setting's kept @20 / @100 is printed as it is measured.
 """
 
 from __future__ import annotations
@@ -152,6 +156,21 @@ def _choices(d: int) -> dict[str, Choice]:
         "pq48_refine_pq96": Choice(f"{ivf},PQ{d // 8},Refine(PQ{d // 4})", knobs=shortlists),
         # 4 bits a dimension, as SQ4, but learnt (256 centroids for each pair of dimensions)
         "pq48_refine_pq192": Choice(f"{ivf},PQ{d // 8},Refine(PQ{d // 2})", knobs=shortlists),
+        # issue 30 item 3: compact codes in RAM, no refinement file. IVF codes are residuals to
+        # the list's centroid (faiss's by_residual), far more accurate per byte than the raw
+        # vector that a Refine(...) encodes. SQ4 d/2, SQ6 3d/4, PQ(d/2) d/2 bytes a passage
+        # (2 dims a sub-quantizer), PQ(d/3) d/3 (3 dims: d divisible by 3, 384 or 768)
+        "ivf_sq4": Choice(f"{ivf},SQ4", knobs=probes),
+        "ivf_sq6": Choice(f"{ivf},SQ6", knobs=probes),
+        "ivf_pq_d2": Choice(f"{ivf},PQ{d // 2}", knobs=probes),
+        "opq_ivf_pq_d2": Choice(f"OPQ{d // 2}_{d},{ivf},PQ{d // 2}", knobs=probes),
+        "ivf_pq_d3": Choice(f"{ivf},PQ{d // 3}", knobs=probes),
+        # 10-bit codes (1,024 centroids a sub-quantizer): 5 bits a dimension at 2 dims a
+        # sub-quantizer (PQ(d/2)x10: 5d/8 bytes), 3.3 at 3 (PQ(d/3)x10: 5d/12)
+        "ivf_pq_d2x10": Choice(f"{ivf},PQ{d // 2}x10", knobs=probes),
+        # nprobe 16 only: 10-bit codes scan slowly (faiss's generic decoder), 64 lists cost ~6x
+        "ivf_pq_d2x10_p16": Choice(f"{ivf},PQ{d // 2}x10", knobs=[{"nprobe": 16}]),
+        "ivf_pq_d3x10": Choice(f"{ivf},PQ{d // 3}x10", knobs=[{"nprobe": 16}]),
         # nq.yaml's own default (d = 256 only: run with --project 256), its knobs included;
         # k-means on 16 points a list (nq.yaml trains on 40 at 21M: 655,360 points)
         "nq_default": Choice(
@@ -171,7 +190,9 @@ def _choices(d: int) -> dict[str, Choice]:
 # HNSW32 (more RAM than Flat: ~10 min to build 1M on one thread) and OPQ64 (~12 min of OPQ
 # training, no better than OPQ48 at a shortlist of 1000) only when asked for.
 DEFAULT_CHOICES = [
-    c for c in _choices(384) if c not in ("hnsw", "opq64_rerank") and not c.startswith("nq_")
+    c
+    for c in _choices(384)
+    if c not in ("hnsw", "opq64_rerank") and not c.startswith(("nq_", "ivf_", "opq_ivf"))
 ]
 
 
@@ -725,11 +746,11 @@ def _analogue(factory: str, d: int, base: int = 384) -> tuple[str, float]:
         return out, 4 * d + 2 * 32 * 4
     if m := re.search(r",PQ(\d+)x4fs", out):
         return out, int(m[1]) / 2 + ids
-    if m := re.search(r",PQ(\d+)", out):
-        return out, int(m[1]) + ids
-    if "SQ8" in out:
-        m = re.search(r"PCAR(\d+)", out)
-        return out, (int(m[1]) if m else d) + ids
+    if m := re.search(r",PQ(\d+)(?:x(\d+))?$", out):
+        return out, int(m[1]) * int(m[2] or 8) / 8 + ids
+    if m := re.search(r",SQ([468])$", out):
+        p = re.search(r"PCAR(\d+)", out)
+        return out, (int(p[1]) if p else d) * int(m[1]) / 8 + ids
     raise ValueError(factory)
 
 
@@ -765,6 +786,12 @@ def main() -> None:
         if name == "flat":
             flat_rows = rows[0]["rows"]
         results.extend(rows)
+        for r in rows:  # as it goes: a long run cut short still shows what it measured
+            kept = [(r[f"hits{k}"] & results[0][f"hits{k}"]).sum() / results[0][f"hits{k}"].sum()
+                    for k in (20, 100)]  # fmt: skip
+            print(f"    {_knob_text(r['knobs'])}: kept @20 / @100 {kept[0]:.4f} / {kept[1]:.4f}, "
+                  f"{r['warm1_ms']:.2f} ms warm (batch 1), {r['held_mb']:.0f} MB held",
+                  flush=True)  # fmt: skip
     report(results, sets, args)
     print(f"\nTotal wall time {time.perf_counter() - started:.0f} s")
     if args.json:

@@ -607,3 +607,46 @@ def test_rerank_on_a_refining_factory_is_refused(vectors):
     cfg = IndexConfig("IVF16,PQ8,Refine(SQ8)", rerank=True)
     with pytest.raises(ConfigError, match="refines its shortlist in RAM already"):
         build_passage_index(vectors, passage_ids(N), cfg, MODEL)
+
+
+@pytest.mark.parametrize("metric", ["inner_product", "l2"])
+@pytest.mark.parametrize("factory", ["IVF16,PQ16", "IVF16,PQ16x10"])
+def test_residual_codes_in_ram_rank_without_a_refinement(tmp_path, factory, metric):
+    """Issue 30 item 3's compact choice: IVF codes of each passage's residual to its list's
+    centroid, 2 dims a sub-quantizer (PQ(D/2): D/2 bytes; x10: 10-bit codes, 5D/8 bytes), no
+    refinement and nothing on disk but index.faiss and ids.npy. On passages clustered around
+    the lists' centroids, they keep far more of Flat's top 10 than the same D/2 bytes spent on
+    the raw vector (a Refine(SQ4) of a 200-passage shortlist; measured at seeds 0-2: 0.72-0.83
+    against 0.43-0.51 for PQ16), and under L2 every passage finds itself first."""
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((16, D)).astype(np.float32)
+    data = centres[rng.integers(0, 16, N)] + 0.1 * rng.standard_normal((N, D)).astype(np.float32)
+    queries = centres[rng.integers(0, 16, 40)] + 0.1 * rng.standard_normal((40, D), np.float32)
+    flat = build_passage_index(data, passage_ids(N), IndexConfig(metric=metric), MODEL)
+    flat_rows = flat.search_rows(queries, 10)[1].rows
+
+    def kept(index):
+        rows = index.search_rows(queries, 10)[1].rows
+        return np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, flat_rows, strict=True)])
+
+    cfg = IndexConfig(factory, metric=metric, nprobe=16, train_sample=N)
+    index = build_passage_index(data, passage_ids(N), cfg, MODEL)
+    assert not index.refines_in_memory
+    with pytest.raises(ConfigError, match="needs an index that re-ranks"):
+        index.set_search_params(shortlist=200)
+    raw = IndexConfig("IVF16,PQ8,Refine(SQ4)", metric=metric, nprobe=16, shortlist=200,
+                      train_sample=N)  # fmt: skip
+    raw_kept = kept(build_passage_index(data, passage_ids(N), raw, MODEL))
+    index.save(tmp_path / "index")
+    assert sorted(p.name for p in (tmp_path / "index").iterdir() if p.suffix != ".json") == [
+        "ids.npy",
+        "index.faiss",
+    ]
+    loaded = PassageIndex.load(tmp_path / "index")
+    assert kept(loaded) == kept(index) >= 0.7 > raw_kept + 0.15
+    if metric == "l2":  # (under inner product a longer vector can outscore a passage's own)
+        assert loaded.search_rows(data[:100], 1)[1].rows[:, 0].tolist() == list(range(100))
+    loaded.set_search_params(nprobe=2)
+    assert faiss.extract_index_ivf(loaded.index).nprobe == 16  # set at the next search
+    kept(loaded)
+    assert faiss.extract_index_ivf(loaded.index).nprobe == 2
