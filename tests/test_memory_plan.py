@@ -211,6 +211,7 @@ def test_plan_memory_refuses_what_cannot_fit(config, tiny_model_dir, capsys, cap
         (["--gpu-memory", "lots"], "--gpu-memory = 'lots' is not a size"),
         (["--gpu-memory", "0GiB"], "is not a size"),
         (["--world-size", "0"], "--world-size = 0 is out of range"),
+        (["--answer-tokens", "0"], "--answer-tokens = 0 is out of range"),
     ],
 )
 def test_bad_plan_inputs_are_one_error(flags, message, config, tiny_model_dir, caplog):
