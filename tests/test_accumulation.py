@@ -53,6 +53,20 @@ def _close(got: dict, want: dict, rtol: float = 1e-10) -> bool:
     return all(torch.allclose(got[n], want[n], rtol=rtol, atol=rtol / 100) for n in want)
 
 
+def _close_in_scale(got: dict, want: dict, rtol: float) -> bool:
+    """`_close`, with each entry also allowed rtol of its tensor's largest entry: fp32
+    round-off is relative to the terms summed, so an entry that cancels to near zero carries
+    the absolute error of its terms (the token-type embedding's gradient: 3.3e-7 off in a
+    tensor whose largest entry is 0.069 on one machine; element-wise rtol 1e-5 passed on
+    another). Tensors that are zero in exact arithmetic (the keys' bias) keep `_close`'s floor."""
+    return all(
+        torch.allclose(
+            got[n], want[n], rtol=rtol, atol=max(rtol / 100, rtol * float(want[n].abs().max()))
+        )  # fmt: skip
+        for n in want
+    )
+
+
 def _train_file(tmp_path, toy_records):
     records = [dict(r, target=t) for r, t in zip(toy_records["train"], TARGETS, strict=False)]
     return write_json(tmp_path / "train.json", records)
@@ -118,11 +132,11 @@ def test_retriever_questions_weigh_alike(tmp_path, toy_records):
         accumulate_gradients(task, model, UNEVEN, 1, CPU, contextlib.nullcontext(), None,
                              lambda last: contextlib.nullcontext())  # fmt: skip
         # the student's logits are fp32 (distillation_loss): fp32 round-off, not float64's
-        assert _close(_gradients(model), union, rtol=1e-5), reduction
+        assert _close_in_scale(_gradients(model), union, rtol=1e-5), reduction
         model.zero_grad()
         for batch in UNEVEN:
             (task.loss(model, batch) / len(UNEVEN)).backward()
-        assert not _close(_gradients(model), union, rtol=1e-5), reduction
+        assert not _close_in_scale(_gradients(model), union, rtol=1e-5), reduction
 
 
 def first_passages(example, n):
