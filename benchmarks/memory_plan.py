@@ -108,77 +108,79 @@ def measure(case: dict, device_name: str, heap_fix: bool) -> dict:
     device = torch.device(device_name)
     inputs = _plan_inputs(case, device.type)
     if "mode" in case:
-        return _measure_inference(case, inputs, device)
-    plan = plan_step(inputs)
+        from fid.memory.inference_plan import plan_inference
+
+        plan = plan_inference(inputs)
+    else:
+        plan = plan_step(inputs)
     # a CPU's measure is the whole plan; CUDA's max_memory_allocated counts tensors only
     allowances = sum(v for k, v in plan.components.items() if "allowance" in k)
     predicted = plan.peak if device.type == "cpu" else plan.peak - allowances
     baseline = _rss() if device.type == "cpu" else 0
-    model, loss_of = _build(case, inputs, device)
-    from fid.training.optim import build_optimizer
-
-    optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.01)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(case.get("bf16")))
+    run_once = (
+        _inference_batch(inputs, device) if "mode" in case else _training_step(case, inputs, device)
+    )
     for step in range(2):
         if step == 1:  # the steady state: AdamW's moments exist from the first update on
             _reset_peak(device)
             start = time.perf_counter()
+        run_once()
+    seconds = time.perf_counter() - start
+    if device.type == "cpu":
+        measured, reserved = _peak_rss() - baseline, None
+    else:
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated(device)
+        reserved = torch.cuda.max_memory_reserved(device)
+    return dict(case, predicted=predicted, plan_peak=plan.peak, measured=measured,
+                reserved=reserved, seconds=seconds)  # fmt: skip
+
+
+def _training_step(case: dict, inputs, device):
+    """One optimizer step through fid's own model, loss and AdamW."""
+    import torch
+
+    from fid.training.optim import build_optimizer
+
+    model, loss_of = _build(case, inputs, device)
+    optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.01)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(case.get("bf16")))
+
+    def step():
         with autocast:
             loss = loss_of()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    seconds = time.perf_counter() - start
-    if device.type == "cpu":
-        measured, reserved = _peak_rss() - baseline, None
-    else:
-        torch.cuda.synchronize()
-        measured = torch.cuda.max_memory_allocated(device)
-        reserved = torch.cuda.max_memory_reserved(device)
-    return dict(case, predicted=predicted, plan_peak=plan.peak, measured=measured,
-                reserved=reserved, seconds=seconds)  # fmt: skip
+
+    return step
 
 
-def _measure_inference(case: dict, inputs, device) -> dict:
-    """One batch of the inference command through FiDReader's own method, measured as a
-    training step is (the second of two batches)."""
+def _inference_batch(inputs, device):
+    """One batch of the inference command through FiDReader's own method."""
     import torch
     from transformers import T5ForConditionalGeneration
 
-    from fid.memory.inference_plan import plan_inference
     from fid.models.reader import FiDReader
 
-    plan = plan_inference(inputs)
-    allowances = sum(v for k, v in plan.components.items() if "allowance" in k)
-    predicted = plan.peak if device.type == "cpu" else plan.peak - allowances
-    baseline = _rss() if device.type == "cpu" else 0
     reader = FiDReader(T5ForConditionalGeneration(inputs.config)).to(device).eval()
     reader.set_attention(inputs.attention, device)
+    reader.t5.generation_config.min_new_tokens = inputs.answer_tokens  # no early end
     B, N, L = inputs.batch, inputs.passages, inputs.passage_tokens
     mask = _padded_mask(B * N, L, device).view(B, N, L)
     ids = torch.randint(2, inputs.config.vocab_size, (B, N, L), device=device) * mask
     labels = torch.randint(2, inputs.config.vocab_size, (B, inputs.answer_tokens), device=device)
-    with torch.no_grad():
-        for batch in range(2):
-            if batch == 1:
-                _reset_peak(device)
-                start = time.perf_counter()
-            if inputs.mode == "generate":  # at least answer_tokens steps: no early end
-                reader.t5.generation_config.min_new_tokens = inputs.answer_tokens
-                reader.generate(ids, mask, max_new_tokens=inputs.answer_tokens)
-            elif inputs.mode == "pdist":
-                reader.answer_log_likelihoods(ids, mask, labels)
-            else:
-                reader.passage_scores(ids, mask, inputs.mode)
-    seconds = time.perf_counter() - start
-    if device.type == "cpu":
-        measured, reserved = _peak_rss() - baseline, None
-    else:
-        torch.cuda.synchronize()
-        measured = torch.cuda.max_memory_allocated(device)
-        reserved = torch.cuda.max_memory_reserved(device)
-    return dict(case, predicted=predicted, plan_peak=plan.peak, measured=measured,
-                reserved=reserved, seconds=seconds)  # fmt: skip
+
+    @torch.no_grad()
+    def batch():
+        if inputs.mode == "generate":
+            reader.generate(ids, mask, max_new_tokens=inputs.answer_tokens)
+        elif inputs.mode == "pdist":
+            reader.answer_log_likelihoods(ids, mask, labels)
+        else:
+            reader.passage_scores(ids, mask, inputs.mode)
+
+    return batch
 
 
 def _build(case: dict, inputs, device):

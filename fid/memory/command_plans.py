@@ -16,6 +16,7 @@ from fid.models.retriever_spec import DualEncoderSpec
 from fid.runtime.precision import resolve_precision
 
 PLANNED_COMMANDS = ("train-reader", "train-retriever")
+_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # by precision
 
 
 def command_plan_inputs(
@@ -31,9 +32,8 @@ def command_plan_inputs(
     config that will build them."""
     shape_config = model if isinstance(model, PretrainedConfig) else model_config(model)
     precision = resolve_precision(cfg.precision, torch.device(device))  # as training resolves it
-    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     run = StepRun(
-        autocast_dtype=autocast,
+        autocast_dtype=_AUTOCAST[precision],
         foreach=device == "cuda",  # AdamW's default there, with its multi-tensor temporaries
         gradients_held=cfg.gradient_accumulation_steps > 1,
         device=device,  # which SDPA kernel, and so which tensors it keeps
@@ -138,6 +138,3 @@ def inference_plan_inputs(command: str, cfg, model: str, device: str, answer_tok
         attention=attention, autocast_dtype=_AUTOCAST[precision], device=device,
         encoder_buckets=cfg.encoder_buckets, light_tokens=light_tokens,
     )  # fmt: skip
-
-
-_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}

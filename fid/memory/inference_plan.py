@@ -27,7 +27,6 @@ Allowances as for training (fid.memory.plan), with one cuBLAS workspace (no back
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -109,7 +108,7 @@ def plan_inference(inputs: InferenceInputs) -> InferencePlan:
     parts = {"weights": peak.get("weights", 0)}
     parts["inputs, encoder states, caches and temporaries"] = peak["total"] - parts["weights"]
     if inputs.device == "cuda":
-        parts["cuBLAS workspace"] = CUBLAS_WORKSPACE_BYTES // 2  # the forward's thread only
+        parts["cuBLAS workspace"] = CUBLAS_WORKSPACE_BYTES  # the forward's thread only
         parts["allocator allowance"] = int(ALLOCATOR_FRACTION * sum(parts.values()))
         parts["CUDA runtime allowance"] = CUDA_RUNTIME_BYTES
     else:
@@ -142,8 +141,8 @@ def fit_inference(inputs: InferenceInputs, memory: int) -> InferenceFit:
     two = plan_inference(replace(inputs, batch=2))
     batch = max(1, 1 + (memory - one.peak) // max(1, two.peak - one.peak))
     plan = plan_inference(replace(inputs, batch=batch))
-    while plan.peak > memory and batch > 1:
-        batch = max(1, math.floor(batch * 0.9)) if batch > 20 else batch - 1
+    while plan.peak > memory and batch > 1:  # the line is a fit: step back where it is off
+        batch -= 1
         plan = plan_inference(replace(inputs, batch=batch))
     return InferenceFit(batch, plan)
 
@@ -260,10 +259,10 @@ def _loop(reader: FiDReader, inputs: InferenceInputs) -> None:
     B = inputs.batch
     hidden, mask = _encode(reader, inputs, B, inputs.passages)
     labels = torch.ones(B, inputs.answer_tokens, dtype=torch.long)
-    every = reader._answer_log_likelihood(hidden, mask, labels)
+    every = reader._answer_log_likelihood(hidden, mask, labels)  # (B,): held through the passes
     rows = torch.arange(min(ROWS_PER_PASS["loop"], B * inputs.passages)) % B
-    without = reader._answer_log_likelihood(hidden[rows], mask[rows], labels[rows])
-    del every, without
+    reader._answer_log_likelihood(hidden[rows], mask[rows], labels[rows])
+    del every
 
 
 def _embed(model: DualEncoder, inputs: InferenceInputs) -> None:

@@ -35,11 +35,12 @@ from fid.models.retriever_spec import DualEncoderSpec
 CPU_RUNTIME_BYTES = 12 << 20  # oneDNN's generated kernels and scratch, autograd's graph
 REPLICA_BUCKET_BYTES = 25 * 2**20  # fid.training.replicas' bucket (DDP's default size)
 CUDA_RUNTIME_BYTES = 1 << 30  # CUDA context, NCCL's buffers: ~0.5-1 GiB measured
-# torch's cuBLAS workspace is a caching-allocator tensor per (handle, stream): one for the
-# forward's thread, one for autograd's device thread; 32 MiB each on Hopper (4-8 MiB on older
-# GPUs: planned at the larger). Measured on an H200: a checkpointed step's tensors plus these
-# came within 6% of max_memory_allocated (benchmarks/memory_plan.py --device cuda)
-CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
+# torch's cuBLAS workspace is a caching-allocator tensor per (handle, stream): a training step
+# has one for the forward's thread and one for autograd's device thread, inference one; 32 MiB
+# each on Hopper (4-8 MiB on older GPUs: planned at the larger). Measured on an H200: a
+# checkpointed step's tensors plus these came within 6% of max_memory_allocated
+# (benchmarks/memory_plan.py --device cuda)
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
 ALLOCATOR_FRACTION = 0.05  # the caching allocator's block rounding and fragmentation
 FSDP_GATHERED_BLOCKS = 2  # FSDP2 holds the running block and prefetches the next one
 
@@ -147,7 +148,7 @@ def _plan_from_trace(inputs: PlanInputs, trace: StepTrace, model: _ModelBytes) -
         parts["gradient averaging bucket"] = min(model.total, REPLICA_BUCKET_BYTES)
     parts["master weights"] = 0  # autocast computes from the fp32 weights: they are the master
     if inputs.device == "cuda":
-        parts["cuBLAS workspaces"] = CUBLAS_WORKSPACE_BYTES
+        parts["cuBLAS workspaces"] = 2 * CUBLAS_WORKSPACE_BYTES  # forward and backward threads
     tensors = sum(parts.values())
     if inputs.device == "cuda":
         parts["allocator allowance"] = int(ALLOCATOR_FRACTION * tensors)
