@@ -52,6 +52,7 @@ include: "rules/data.smk"
 include: "rules/retrieval.smk"
 include: "rules/reader.smk"
 include: "rules/evaluation.smk"
+include: "rules/signals.smk"
 include: "rules/memory_report.smk"
 
 

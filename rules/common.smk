@@ -57,7 +57,12 @@ SCALE = DATA["source"] == "scale"
 COMPACT = config.get("list_format", "fid_json") == "compact"
 PRETRAINED, COMPARE = config.get("pretrained") or {}, config.get("compare") or []
 FIRST, EVAL_SPLITS = config["first_retrieval"], config["eval_splits"]
+# Teacher signals compared in the last round, by name: each is a retrieval source of its own,
+# iter{K-1}-{name}, with its scores and retriever under results/{run}/{source}/ (rules/signals.smk)
+SIGNALS, SIGNAL_ROUND = config.get("distillation_signals") or {}, K - 1
+SIGNAL_SOURCES = {f"iter{SIGNAL_ROUND}-{name}": name for name in SIGNALS}
 DENSE = list(PRETRAINED) + [f"iter{i}" for i in range(K)]  # sources that embed
+DENSE += list(SIGNAL_SOURCES)
 SOURCES = list(dict.fromkeys([FIRST, *(f"iter{i}" for i in range(K)), *COMPARE]))
 DOWNLOADS, EXTRACTS = DATA.get("downloads") or {}, DATA.get("extract") or {}
 
@@ -101,6 +106,21 @@ for name, knobs in ACCELERATIONS.items():
         EvalReaderConfig,
         {**section("eval_reader"), **knobs},
     )
+# Each signal's scoring and retriever knobs: the round's own, with the signal's over them.
+WHERE = {
+    f"eval_reader_fast_{name}": f"eval_reader_accelerations.{name}"
+    for name in ACCELERATIONS
+}
+for name, knobs in SIGNALS.items():
+    for stage, (cls, base) in {
+        "score_passages": (ScorePassagesConfig, section("score_passages")),
+        "retriever": (
+            RetrieverTrainConfig,
+            section("retriever", later=SIGNAL_ROUND > 0),
+        ),
+    }.items():
+        STAGES[f"{stage}_signal_{name}"] = (cls, {**base, **(knobs.get(stage) or {})})
+        WHERE[f"{stage}_signal_{name}"] = f"distillation_signals.{name}.{stage}"
 for split, spec in (DATA.get("questions") or {}).items():
     STAGES[f"prepare_{split}"] = (PrepareQuestionsConfig, spec.get("prepare") or {})
 # What retrieval writes is one workflow key: every later rule reads it the same way.
@@ -114,18 +134,54 @@ for stage in ("bm25", "retrieve"):
     # fid_json is fid's default: the stage files of other runs stay as they were
     if COMPACT:
         STAGES[stage][1]["list_format"] = "compact"
+CHECKED = {}  # stage -> its knobs as its job reads them
 for stage, (cls, knobs) in STAGES.items():
-    where = stage.replace("eval_reader_fast_", "eval_reader_accelerations.", 1)
+    where = WHERE.get(stage, stage)
     try:
-        checked = config_from_dict(knobs, cls, source=f"config section '{where}'")
+        CHECKED[stage] = config_from_dict(
+            knobs, cls, source=f"config section '{where}'"
+        )
     except ConfigError as error:
         raise WorkflowError(f"{error}. Hint: see {cls.__name__}.") from None
-    if where != stage and not checked.accelerated:
+    if stage.startswith("eval_reader_fast_") and not CHECKED[stage].accelerated:
         fail(
             where, "sets neither keep_passages nor keep_tokens", "set one, or remove it"
         )
 
 # Cross-key checks the schema cannot express; then every data file must exist or be made.
+# EMDR2 reads reader_score as log p(answer | question, passage): only pdist writes that.
+_chains = {"retriever": "score_passages", "retriever_later": "score_passages"}
+_chains |= {f"retriever_signal_{n}": f"score_passages_signal_{n}" for n in SIGNALS}
+for retriever, scoring in _chains.items():
+    if CHECKED[retriever].objective == "emdr2" and CHECKED[scoring].mode != "pdist":
+        fail(
+            # (round 0's section fails first: later, the objective comes from later_rounds)
+            WHERE.get(
+                retriever,
+                retriever.replace("retriever_later", "later_rounds.retriever"),
+            )
+            + ".objective",
+            f"emdr2 reads the reader's answer log-likelihoods, which score_passages mode "
+            f"'pdist' writes, not '{CHECKED[scoring].mode}'",
+            f"set mode: pdist in {WHERE.get(scoring, scoring)}",
+        )
+_own = (
+    CHECKED["score_passages"],
+    CHECKED["retriever_later" if SIGNAL_ROUND > 0 else "retriever"],
+)
+for name in SIGNALS:
+    if _own == tuple(
+        CHECKED[f"{s}_signal_{name}"] for s in ("score_passages", "retriever")
+    ):
+        fail(
+            f"distillation_signals.{name}",
+            f"its knobs are round {SIGNAL_ROUND}'s own: it would train iter{SIGNAL_ROUND} again",
+            "set a score_passages mode or retriever knob of its own, or remove it",
+        )
+for source in set(SIGNAL_SOURCES) & set(PRETRAINED):
+    fail(
+        "pretrained", f"{source!r} is also a distillation signal's source", "rename one"
+    )
 if FIRST != "bm25" and FIRST not in PRETRAINED:
     fail("first_retrieval", f"{FIRST!r} is not bm25 nor under pretrained", "add it")
 for name in set(COMPARE) - {"bm25"} - set(PRETRAINED):
@@ -292,10 +348,20 @@ def _configured(rule):
     return {**config["resources"]["default"], **config["resources"].get(rule, {})}
 
 
+# Rules that run another rule's command on other inputs: they take its resources.
+RESOURCES_OF = {
+    "eval_reader_fast": "eval_reader",
+    "score_passages_signal": "score_passages",
+    "train_retriever_signal": "train_retriever",
+}
+
+
 def _resources(rule):
-    """`resources.default` overridden by the rule's own entry; a training rule's mem_mb is its
-    plan's (rules/memory.smk) unless its own entry sets one."""
-    return {**_configured(rule), **planned_request(rule)}
+    """`resources.default` overridden by the rule's own entry (or that of the rule whose
+    command it runs); a training rule's mem_mb is its plan's (rules/memory.smk) unless its
+    own entry sets one."""
+    runs = RESOURCES_OF.get(rule, rule)
+    return {**_configured(runs), **planned_request(runs)}
 
 
 def res(rule):
@@ -411,20 +477,31 @@ def stage_section(i, stage):
     return stage if stage == "reader_warmup" or int(i) == 0 else f"{stage}_later"
 
 
+def training_section(wc):
+    """The config section of a training job (wildcards i, stage or signal)."""
+    if wc.get("signal"):
+        return f"retriever_signal_{wc.signal}"
+    return stage_section(wc.i, wc.get("stage", "retriever"))
+
+
 def training_inputs(wc):
-    """Lists (reader) or reader scores (retriever), stage config and start model of a job."""
+    """Lists (reader) or reader scores (retriever; a signal's own), stage config and start
+    model of a job."""
     i, stage = int(wc.i), wc.get("stage", "retriever")
     kind = "retriever" if stage == "retriever" else "reader"
     if kind == "retriever":
-        data = {
-            s: res_path(f"iter{i}/reader/scores/{s}.json") for s in ("train", "dev")
-        }
+        scores = (
+            f"iter{i}-{wc.signal}/scores"
+            if wc.get("signal")
+            else f"iter{i}/reader/scores"
+        )
+        data = {s: res_path(f"{scores}/{s}.json") for s in ("train", "dev")}
     else:
         data = {s: reader_lists(i, stage, s) for s in ("train", "dev")}
     init = start(kind, i, stage)[1]
     return {
         **data,
-        "config": stage_file(stage_section(i, stage)),
+        "config": stage_file(training_section(wc)),
         "init": init,
         "store": list_store(),
     }

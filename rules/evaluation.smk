@@ -28,6 +28,7 @@ REPORT = [
     for name in ("exact_match.html", "retrieval.html", "flags.html", "config.html")
     + ("exact_match.png", "retrieval_topk.png", "training_curves.png", "training.html")
     + (("acceleration.html", "acceleration.png") if ACCELERATIONS else ())
+    + (("signals.html", "signals.png") if SIGNALS else ())
 ]
 # Written last: the run time of every job that built the rest of the report.
 RUNTIMES = res_path("report/runtimes.html")

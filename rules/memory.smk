@@ -59,6 +59,7 @@ def training_sections():
             (rule_name, stage_section(i, kind))
             for rule_name, kind in TRAINING_KINDS.items()
         ]
+    found += [("train_retriever", f"retriever_signal_{name}") for name in SIGNALS]
     return list(dict.fromkeys(found))
 
 
@@ -146,9 +147,7 @@ def planned_mem_mb(rule_name):
         return {}
 
     def mem_mb(wildcards, input):
-        job = training_job(
-            rule_name, stage_section(wildcards.i, wildcards.get("stage", "retriever"))
-        )
+        job = training_job(rule_name, training_section(wildcards))
         if job is None:
             return _configured(rule_name).get("mem_mb")
         data = sum(os.path.getsize(path) for path in (input.train, input.dev))

@@ -226,3 +226,33 @@ def test_duplicate_ids_in_a_store_name_the_id(tmp_path, toy_world):
 def test_store_arrays_are_memory_mapped(toy_corpus):
     store = open_store(toy_corpus[1])
     assert isinstance(store._ids, np.memmap) and isinstance(store._offsets, np.memmap)
+
+
+def test_first_hit_ranks_behind_the_top_k_of_eval_retrieval(tmp_path, toy_records, toy_corpus):
+    """Per-question ranks of the first answer-holding passage (the report's paired comparison
+    of retrievers): by id, the same from FiD json, compact lists with their has_answer column and
+    text recomputed through the store; their top-k is eval-retrieval's; unlabeled questions out."""
+    from fid.config import EvalRetrievalConfig
+    from fid.evaluation.retrieval import eval_retrieval, first_hit_ranks
+
+    _, store = toy_corpus
+    records = [dict(r) for r in toy_records["dev"][:6]]
+    ranks_wanted = [0, 2, None, 1, None, None]
+    for record, rank in zip(records, ranks_wanted, strict=True):
+        record["ctxs"] = [dict(c, has_answer=i == rank) for i, c in enumerate(record["ctxs"])]
+    records[5]["answers"] = []  # unlabeled: not scored
+    fid_json = write_json(tmp_path / "dev.json", records)
+    compact = _compact(tmp_path, records, store, "compact")
+    cfg = EvalRetrievalConfig(ks=[1, 2, 3])
+    wanted = {r["id"]: rank for r, rank in zip(records[:5], ranks_wanted, strict=False)}
+    assert first_hit_ranks(cfg, fid_json) == wanted
+    assert first_hit_ranks(cfg, compact, store) == wanted
+    top = eval_retrieval(cfg, fid_json, tmp_path / "top.json")["accuracy"]
+    for k in cfg.ks:
+        share = sum(r is not None and r < k for r in wanted.values()) / len(wanted)
+        assert top[str(k)] == pytest.approx(100 * share)
+    # recomputed from the text (DPR's rule): what the passages really hold
+    recomputed = EvalRetrievalConfig(recompute_has_answer=True)
+    from_text = first_hit_ranks(recomputed, compact, store)
+    assert from_text == first_hit_ranks(recomputed, fid_json)
+    assert list(from_text) == list(wanted)

@@ -42,6 +42,41 @@ def topk_accuracy(hits: Sequence[Sequence[bool]], ks: Sequence[int]) -> dict[int
     }
 
 
+def answer_hits(
+    answers: Sequence[Sequence[str]],
+    ctxs: Sequence[Sequence[dict]],
+    mode: str = "string",
+    recompute: bool = False,
+) -> dict[int, list[bool]]:
+    """Which ranked passages hold an answer, for each question that has answers.
+
+    Args:
+        answers: each question's gold answers (questions without any are left out).
+        ctxs: each question's ranked passages; their `has_answer` flag is used unless missing
+            or `recompute`, else DPR's rule is applied to the passage text.
+        mode: "string" (DPR) or "regex" (answers are patterns).
+
+    Returns:
+        {question's position: hits[r], whether the passage at rank r (0 = best) holds an answer}.
+    """
+    hits = {}
+    pairs = progress(
+        enumerate(zip(answers, ctxs, strict=True)), desc="has-answer", unit="questions",
+        total=len(answers), log=logger,
+    )  # fmt: skip
+    for position, (gold, ranked) in pairs:
+        if not gold:
+            continue
+        matcher = AnswerMatcher(gold, mode)
+        hits[position] = [
+            bool(c["has_answer"])
+            if "has_answer" in c and not recompute
+            else matcher.matches(c["text"])
+            for c in ranked
+        ]
+    return hits
+
+
 def retrieval_accuracy(
     answers: Sequence[Sequence[str]],
     ctxs: Sequence[Sequence[dict]],
@@ -52,32 +87,13 @@ def retrieval_accuracy(
     """Top-k accuracy of ranked passages, over the questions that have answers.
 
     Args:
-        answers: each question's gold answers (questions without any are not scored).
-        ctxs: each question's ranked passages; their `has_answer` flag is used unless missing
-            or `recompute`, else DPR's rule is applied to the passage text.
+        answers, ctxs, mode, recompute: as in `answer_hits`.
         ks: the ranks reported.
-        mode: "string" (DPR) or "regex" (answers are patterns).
 
     Returns:
         {"accuracy": {"k": percent or None}, "unit": "percent", "n_scored", "n_unlabeled"}.
     """
-    hits = []
-    pairs = progress(
-        zip(answers, ctxs, strict=True), desc="has-answer", unit="questions", total=len(answers),
-        log=logger,
-    )  # fmt: skip
-    for gold, ranked in pairs:
-        if not gold:
-            continue
-        matcher = AnswerMatcher(gold, mode)
-        hits.append(
-            [
-                bool(c["has_answer"])
-                if "has_answer" in c and not recompute
-                else matcher.matches(c["text"])
-                for c in ranked
-            ]
-        )
+    hits = list(answer_hits(answers, ctxs, mode, recompute).values())
     accuracy = topk_accuracy(hits, ks) if hits else dict.fromkeys(ks)
     return {
         "accuracy": {str(k): value for k, value in accuracy.items()},

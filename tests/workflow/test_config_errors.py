@@ -66,6 +66,29 @@ def test_later_rounds_override_checked_as_a_whole(tmp_path):
     _fails(tmp_path, config, "config section 'retriever_later'", "ranks 1 of the n_passages = 1")
 
 
+def test_distillation_signal_knobs_checked_where_they_are_set(tmp_path):
+    """A signal's knobs are checked merged over the round's own, named by the signal; EMDR2
+    needs the log-likelihoods only pdist writes; a signal that repeats the round's own teacher,
+    or whose name cannot be a path component, is refused."""
+    signals = {"pd": {"score_passages": {"mode": "pdst"}}}
+    config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals=signals)
+    _fails(tmp_path, config, "config section 'distillation_signals.pd.score_passages'", "pdst")
+    signals = {"em": {"retriever": {"objective": "emdr2"}}}
+    config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals=signals)
+    _fails(tmp_path, config, "config key 'distillation_signals.em.retriever.objective'",
+           "not 'mean_logit'", "set mode: pdist in distillation_signals.em.score_passages")  # fmt: skip
+    retriever = yaml.safe_load(DEMO.read_text())["retriever"]
+    config = write_config(tmp_path / "c.yaml", DEMO, retriever={**retriever, "objective": "emdr2"})
+    _fails(
+        tmp_path, config, "config key 'retriever.objective'", "set mode: pdist in score_passages"
+    )
+    signals = {"same": {"score_passages": {"mode": "mean_logit"}}}
+    config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals=signals)
+    _fails(tmp_path, config, "config key 'distillation_signals.same'", "train iter1 again")
+    config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals={"a/b": {}})
+    _fails(tmp_path, config, "'a/b' does not match")
+
+
 def test_srun_job_with_one_task_per_node(tmp_path):
     """snakemake-executor-plugin-slurm refuses it at submission, after other jobs ran."""
     nq = yaml.safe_load((ROOT / "config" / "nq.yaml").read_text())

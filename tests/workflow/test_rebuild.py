@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -61,6 +62,77 @@ def _job(rule, **wildcards):
 
 def test_finished_run_is_up_to_date(tiny_run):
     assert _plan(tiny_run) == set()
+
+
+SIGNALS = {
+    "pdist": {"score_passages": {"mode": "pdist"}},
+    "pdist_emdr2": {"score_passages": {"mode": "pdist"}, "retriever": {"objective": "emdr2"}},
+}
+
+
+def test_distillation_signals_added_to_a_finished_run(tiny_run, tmp_path):
+    """`distillation_signals` on a finished run (a copy): only each signal's chain in the last
+    round runs (its scores, retriever, embeddings, index, lists) and the report pages that show
+    it; the table's numbers are eval-retrieval's, the differences paired against iter1."""
+    import pandas as pd
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, symlinks=True)
+    config = write_config(tmp_path / "signals.yaml", TINY, distillation_signals=SIGNALS)
+    planned = _plan(run, config=config)
+    sources = {f"iter1-{name}" for name in SIGNALS}
+    for job in planned:
+        wildcards = dict(job[1:])
+        if job[0] in ("embed_passages", "build_index", "retrieve"):
+            assert wildcards["source"] in sources, job
+        elif job[0] in ("score_passages_signal", "train_retriever_signal"):
+            assert wildcards["i"] == "1" and wildcards["signal"] in SIGNALS, job
+        elif job[0] == "stage_config":
+            assert re.fullmatch(r"(score_passages|retriever)_signal_\w+", wildcards["stage"]), job
+        else:  # the report: its new page, the run times of every job, the config it shows
+            assert job[0] in {"report_signals", "report_runtimes", "report_config"}, job
+    assert len([j for j in planned if j[0] == "score_passages_signal"]) == 2 * 2  # train, dev
+    assert len([j for j in planned if j[0] == "retrieve"]) == 2 * 2  # dev, test
+    result = snakemake(run, "--configfile", str(config), "--cores", "2", timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _plan(run, config=config) == set()
+
+    results = run / "results/tiny"
+    scores = json.loads((results / "iter1-pdist/scores/train.json").read_text())
+    assert scores[0]["reader_scoring"]["mode"] == "pdist"
+    trained = yaml.safe_load((results / "iter1-pdist_emdr2/retriever/model/train_config.yaml")
+                             .read_text())  # fmt: skip
+    assert trained["objective"] == "emdr2"
+    table = pd.read_csv(results / "report/signals.csv")
+    assert list(table["retriever"]) == ["iter1", "pdist", "pdist_emdr2"] * 2
+    assert list(table["split"]) == ["dev"] * 3 + ["test"] * 3
+    assert list(table["teacher"]) == ["mean_logit", "pdist", "pdist"] * 2
+    assert list(table["objective"]) == ["kl", "kl", "emdr2"] * 2
+    for _, row in table.iterrows():
+        source = "iter1" if row["retriever"] == "iter1" else f"iter1-{row['retriever']}"
+        lists = results / source / "retrieval" / f"{row['split']}.json"
+        metrics = run / f"{source}-{row['split']}.json"
+        done = subprocess.run(["fid", "eval-retrieval", "--questions", str(lists), "--output",
+                               str(metrics)], capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        accuracy = json.loads(metrics.read_text())["accuracy"]
+        own = table[(table["split"] == row["split"]) & (table["retriever"] == "iter1")].iloc[0]
+        assert row["questions"] == 16
+        for k in (1, 5, 10):
+            assert row[f"top-{k} (%)"] == pytest.approx(accuracy[str(k)], abs=1e-3)
+            difference = row[f"top-{k} (%)"] - own[f"top-{k} (%)"]
+            assert row[f"top-{k} difference"] == pytest.approx(difference, abs=1e-3)
+            assert row[f"top-{k} CI low"] <= row[f"top-{k} difference"] + 1e-9
+            assert row[f"top-{k} difference"] <= row[f"top-{k} CI high"] + 1e-9
+            if row["retriever"] == "iter1":
+                assert row[f"top-{k} CI low"] == row[f"top-{k} CI high"] == 0
+    assert (results / "report/signals.png").stat().st_size > 10_000
+    report = snakemake(run, "--configfile", str(config), "--report", "report.html")
+    assert report.returncode == 0, report.stderr[-3000:]
+    page = report_pages(run / "report.html")["results/tiny/report/signals.html"]
+    rows = table_rows(page)
+    assert [r[1] for r in rows] == list(table["retriever"])
+    assert rows[1][4] == f"{table.iloc[1]['top-1 (%)']:.2f}"
 
 
 def test_accelerated_evaluation_is_reported(tiny_run):

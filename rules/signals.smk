@@ -1,0 +1,97 @@
+"""Distillation signals compared (config key distillation_signals): in the last round, each named
+signal scores the round's lists with its own score_passages knobs (e.g. mode: pdist), distills a
+retriever from the round's start with its own retriever knobs (e.g. objective: emdr2), embeds,
+indexes and retrieves with it like any dense source (rules/retrieval.smk, source iter{i}-{name});
+the report compares each with the round's own retriever, question by question.
+
+REQUIRED INPUTS: the round's reader and lists (reader.smk), stage configs, the round's own
+retrieved lists (retrieval.smk).
+OUTPUTS:
+    results/{run}/iter{i}-{signal}/scores/{split}.json     rule score_passages_signal
+    results/{run}/iter{i}-{signal}/retriever/model/        rule train_retriever_signal
+    results/{run}/report/signals.{csv,html,png}            rule report_signals
+    state/{run}/iter{i}-{signal}/retriever/<key>/          training state (not an output)
+"""
+
+# The report's cut-offs: top-1/5/20, or the lists' length where they are shorter.
+SIGNAL_KS = [k for k in (1, 5, 20) if k < knob("retrieve", "top_k")]
+SIGNAL_KS.append(min(20, knob("retrieve", "top_k")))
+
+
+use rule score_passages as score_passages_signal with:
+    input:
+        model="results/{run}/iter{i}/reader/model",
+        questions=lambda wc: retrieval(round_source(wc.i), wc.split),
+        config=lambda wc: stage_file(f"score_passages_signal_{wc.signal}"),
+        store=list_store(),
+    output:
+        "results/{run}/iter{i}-{signal}/scores/{split}.json",
+    log:
+        "logs/score_passages_signal/{run}/iter{i}-{signal}/{split}.log",
+    benchmark:
+        "logs/benchmarks/score_passages_signal/{run}/iter{i}-{signal}/{split}.tsv"
+    wildcard_constraints:
+        i=str(SIGNAL_ROUND),
+        signal="|".join(SIGNALS) or "^$",
+
+
+use rule train_retriever as train_retriever_signal with:
+    output:
+        directory("results/{run}/iter{i}-{signal}/retriever/model"),
+    log:
+        "logs/train_retriever_signal/{run}/iter{i}-{signal}.log",
+    benchmark:
+        "logs/benchmarks/train_retriever_signal/{run}/iter{i}-{signal}.tsv"
+    wildcard_constraints:
+        i=str(SIGNAL_ROUND),
+        signal="|".join(SIGNALS) or "^$",
+    params:
+        init=lambda wc: start("retriever", int(wc.i))[0],
+        # fid finds (or starts) the run's state under it: state/.../<key>/ (not an output)
+        state_root="state/{run}/iter{i}-{signal}/retriever",
+        passages=passages_flag(),
+
+
+rule report_signals:
+    input:
+        own=[retrieval(f"iter{SIGNAL_ROUND}", s) for s in EVAL_SPLITS],
+        signals=[retrieval(src, s) for src in SIGNAL_SOURCES for s in EVAL_SPLITS],
+        config=stage_file("eval_retrieval"),
+        store=list_store(),
+    output:
+        table="results/{run}/report/signals.csv",
+        page=report(
+            "results/{run}/report/signals.html",
+            category="2. Retrieval",
+            caption="report/signals.rst",
+        ),
+        plot=report(
+            "results/{run}/report/signals.png",
+            category="2. Retrieval",
+            caption="report/signals.rst",
+        ),
+    log:
+        "logs/report_signals/{run}.log",
+    conda:
+        "envs/fid.yaml"
+    params:
+        splits=EVAL_SPLITS,
+        own=f"iter{SIGNAL_ROUND}",
+        signals=list(SIGNALS),
+        # what each source learned from: (score_passages mode, retriever objective)
+        teachers={
+            f"iter{SIGNAL_ROUND}": (
+                CHECKED["score_passages"].mode,
+                CHECKED["retriever_later" if SIGNAL_ROUND else "retriever"].objective,
+            ),
+            **{
+                name: (
+                    CHECKED[f"score_passages_signal_{name}"].mode,
+                    CHECKED[f"retriever_signal_{name}"].objective,
+                )
+                for name in SIGNALS
+            },
+        },
+        ks=SIGNAL_KS,
+    script:
+        "../workflow_scripts/report_signals.py"
