@@ -261,6 +261,7 @@ localrules:
     report_plots,
     report_config,
     report_acceleration,
+    report_signals,
     report_training,
     report_memory,
     report_runtimes,

@@ -73,16 +73,17 @@ def test_distillation_signal_knobs_checked_where_they_are_set(tmp_path):
     signals = {"pd": {"score_passages": {"mode": "pdst"}}}
     config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals=signals)
     _fails(tmp_path, config, "config section 'distillation_signals.pd.score_passages'", "pdst")
-    signals = {"em": {"retriever": {"objective": "emdr2"}}}
+    emdr2 = {"objective": "emdr2", "reader_temperature": 1.0}  # the demo's is attention's 0.1
+    signals = {"em": {"retriever": emdr2}}
     config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals=signals)
     _fails(tmp_path, config, "config key 'distillation_signals.em.retriever.objective'",
-           "not 'mean_logit'", "set mode: pdist in distillation_signals.em.score_passages")  # fmt: skip
+           "not 'attention_mass'", "set mode: pdist in distillation_signals.em.score_passages")  # fmt: skip
     retriever = yaml.safe_load(DEMO.read_text())["retriever"]
-    config = write_config(tmp_path / "c.yaml", DEMO, retriever={**retriever, "objective": "emdr2"})
+    config = write_config(tmp_path / "c.yaml", DEMO, retriever={**retriever, **emdr2})
     _fails(
         tmp_path, config, "config key 'retriever.objective'", "set mode: pdist in score_passages"
     )
-    signals = {"same": {"score_passages": {"mode": "mean_logit"}}}
+    signals = {"same": {"score_passages": {"mode": "attention_mass"}}}
     config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals=signals)
     _fails(tmp_path, config, "config key 'distillation_signals.same'", "train iter1 again")
     config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals={"a/b": {}})

@@ -25,7 +25,8 @@ def expected_counts(cfg: dict) -> dict[str, int]:
     """Jobs per rule that a fresh plan of `cfg` must hold (the DAG's arithmetic)."""
     k, shards, splits = cfg["rounds"], cfg["shards"], len(cfg["eval_splits"])
     compare = [c for c in cfg.get("compare", []) if c != "bm25"]
-    dense = k + len(compare)  # retrievers that embed, index and search the passages
+    signals = len(cfg.get("distillation_signals") or {})  # each a retriever of the last round
+    dense = k + len(compare) + signals  # retrievers that embed, index and search the passages
     counts = {
         "train_reader": k + bool((cfg["data"].get("curriculum") or {}).get("warmup")),
         "score_passages": 2 * k,  # train + dev lists of every round
@@ -34,7 +35,7 @@ def expected_counts(cfg: dict) -> dict[str, int]:
         "build_index": dense,
         # iter0..iter{K-2} retrieve train, dev and test for the next round; the last round's
         # retriever and the comparisons only the evaluated splits
-        "retrieve": 3 * (k - 1) + splits * (1 + len(compare)),
+        "retrieve": 3 * (k - 1) + splits * (1 + len(compare) + signals),
         "retrieve_bm25": 3,
         "build_bm25": 1,
         "eval_reader": k * splits,
@@ -42,6 +43,9 @@ def expected_counts(cfg: dict) -> dict[str, int]:
         "eval_baseline": splits,
         "eval_reader_fast": k * splits * len(cfg.get("eval_reader_accelerations") or {}),
         "report_acceleration": int(bool(cfg.get("eval_reader_accelerations"))),
+        "score_passages_signal": 2 * signals,
+        "train_retriever_signal": signals,
+        "report_signals": int(bool(signals)),
     }
     counts["build_passage_store"] = int(cfg.get("list_format") == "compact")
     if cfg["data"]["source"] == "demo":
@@ -132,6 +136,44 @@ def test_gpu_layout_per_rule(tmp_path, name):
     assert re.search(
         r"--state-root state/\S+/iter0/reader( --passages \S+)?\s*$", train["shell"]
     ), train["shell"]
+
+
+def test_distillation_signals_run_as_the_rounds_own_jobs(tmp_path):
+    """distillation_signals on nq.yaml: each signal's chain in the last round; its scoring and
+    training jobs take score_passages' and train_retriever's resources and srun layout, read
+    the round's lists and reader, and start the retriever where the round's own starts."""
+    from workflow_helpers import write_config
+
+    signals = {"pdist": {"score_passages": {"mode": "pdist"}}, "loop": {"score_passages": {"mode": "loop"}}}  # fmt: skip
+    nq = ROOT / "config" / "nq.yaml"
+    config = write_config(tmp_path / "c.yaml", nq, distillation_signals=signals)
+    cfg = yaml.safe_load(config.read_text())
+    output = dry_run(tmp_path, "--configfile", str(config))
+    counts = job_counts(output)
+    for rule, count in expected_counts(cfg).items():
+        assert counts.get(rule, 0) == count, (rule, counts)
+    jobs = planned_jobs(output)
+    last = str(cfg["rounds"] - 1)
+    for rule, own_rule in (("score_passages_signal", "score_passages"),
+                           ("train_retriever_signal", "train_retriever")):  # fmt: skip
+        mine = [j for j in jobs if j["rule"] == rule]
+        assert mine and {j["wildcards"]["signal"] for j in mine} == set(signals)
+        for job in mine:
+            name, split = job["wildcards"]["signal"], job["wildcards"].get("split")
+            own = next(j for j in jobs if j["rule"] == own_rule and j["wildcards"]["i"] == last
+                       and j["wildcards"].get("split") == split)  # fmt: skip
+            assert job["wildcards"]["i"] == last
+            assert job["resources"] == own["resources"] and job["threads"] == own["threads"]
+            launcher = own["shell"].split(" --log-file")[0]
+            assert job["shell"].startswith(launcher + " --log-file"), job["shell"]
+            assert "srun --nodes=" in launcher
+            stage = "score_passages" if rule == "score_passages_signal" else "retriever"
+            assert (
+                f"--config results/{cfg['run']}/config/{stage}_signal_{name}.yaml" in job["shell"]
+            )
+            flag = "--questions" if stage == "score_passages" else "--init-model"
+            value = re.search(rf"{flag} (\S+)", own["shell"]).group(1)
+            assert f"{flag} {value}" in job["shell"], (flag, job["shell"])
 
 
 def test_own_data_plans(tmp_path):
