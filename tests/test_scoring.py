@@ -215,3 +215,83 @@ def test_loop_equals_one_fid_pass_per_left_out_passage(
     tolerance = 1e-5 * max(totals)
     torch.testing.assert_close(ours, expected, atol=tolerance, rtol=0, equal_nan=True)
     assert torch.isnan(ours[2, 4:]).all() and not torch.isnan(ours[:, :4]).any()
+
+
+def unshared_leave_one_out(reader, input_ids, attention_mask, labels, rows_per_pass):
+    """LOOP as it was before its copies shared the cross-attention keys and values: all
+    questions decoded with every passage at once, then `rows_per_pass` masked copies at a time
+    across questions, each copy projecting the keys and values of all its encoder states."""
+    B, N, _ = input_ids.shape
+    encoding = reader.encode(input_ids, attention_mask)
+    every = reader._answer_log_likelihood(encoding.hidden, encoding.mask, labels)  # (B,)
+    scores = torch.full((B, N), float("nan"))
+    question, slot = (attention_mask.sum(dim=-1) > 0).nonzero(as_tuple=True)
+    for start in range(0, len(question), rows_per_pass):
+        q, n = question[start : start + rows_per_pass], slot[start : start + rows_per_pass]
+        kept = encoding.mask[q].bool() & (encoding.token_passage[q] != n[:, None])
+        without = reader._answer_log_likelihood(
+            encoding.hidden[q], kept.to(encoding.mask.dtype), labels[q]
+        )
+        scores[q, n] = every[q] - without
+    return scores
+
+
+@pytest.mark.parametrize(
+    ("variant", "attention"),
+    [("plain", "sdpa"), ("plain", "eager"), ("unpacked", "sdpa"), ("light", "sdpa"),
+     ("fido", "eager"), ("bias", "eager")],
+)  # fmt: skip
+def test_loop_projects_cross_attention_keys_and_values_once_a_question(
+    tiny_t5, tokenizer, toy_records, tmp_path, variant, attention
+):
+    """LOOP's copies of a question share each decoder layer's cross-attention keys and values:
+    every layer's k and v projections run once a question (on its (1, T, D) states), not once
+    a copy, and the drops equal the unshared computation's within 1e-5 in fp32, for the plain
+    reader and every variant that changes cross-attention."""
+    examples = load_examples(write_json(tmp_path / "q.json", toy_records["dev"][:3]))
+    examples[2].ctxs = examples[2].ctxs[:4]
+    answers = [e.answers[0] for e in examples]
+    batch = ReaderCollator(tokenizer, n_passages=6, passage_max_tokens=48)(examples, answers)
+    if variant == "bias":  # a released FiD checkpoint's, kept: positions matter (unpacked)
+        from fid.models.reader import add_cross_attention_bias
+
+        add_cross_attention_bias(tiny_t5, torch.randn(32, tiny_t5.config.num_heads))
+    knobs = {"unpacked": {"pack_passages": False}, "light": {"light_tokens": 5},
+             "fido": {"cross_attention_every": 2}}.get(variant, {})  # fmt: skip
+    reader = FiDReader(tiny_t5, encoder_buckets=2, **knobs).eval()
+    reader.set_attention(attention, torch.device("cpu"))
+
+    projections = {  # "layer i k" -> the cross-attention's key projection (and v)
+        f"layer {i} {name}": getattr(block.layer[1].EncDecAttention, name)
+        for i, block in enumerate(tiny_t5.decoder.block)
+        if hasattr(block.layer[1], "EncDecAttention")
+        for name in ("k", "v")
+    }
+    assert len(projections) == (2 if variant == "fido" else 4)  # FiDO: layer 0 only
+    rows: dict[str, list[int]] = {key: [] for key in projections}  # the rows of each call
+    handles = [
+        module.register_forward_hook(
+            lambda module, inputs, output, key=key: rows[key].append(inputs[0].shape[0])
+        )
+        for key, module in projections.items()
+    ]
+    with torch.no_grad():
+        try:
+            ours = reader.leave_one_out_log_likelihoods(
+                batch.input_ids, batch.attention_mask, batch.labels, rows_per_pass=4
+            )
+        finally:
+            for handle in handles:
+                handle.remove()
+        expected = unshared_leave_one_out(
+            reader, batch.input_ids, batch.attention_mask, batch.labels, rows_per_pass=4
+        )
+    # 3 questions of 7, 7 and 5 copies (all passages, then each left out): one projection each,
+    # of one row. Unshared: 5 calls, of 3 rows (all passages) and 4 x 4 (the 16 copies).
+    assert all(seen == [1, 1, 1] for seen in rows.values()), rows
+    for block in tiny_t5.decoder.block:  # the projections are put back
+        if hasattr(block.layer[1], "EncDecAttention"):
+            assert isinstance(block.layer[1].EncDecAttention.k, torch.nn.Linear)
+            assert isinstance(block.layer[1].EncDecAttention.v, torch.nn.Linear)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5, equal_nan=True)
+    assert torch.isnan(ours[2, 4:]).all() and not torch.isnan(ours[:, :4]).any()

@@ -255,14 +255,17 @@ def _pdist(reader: FiDReader, inputs: InferenceInputs) -> None:
 
 
 def _loop(reader: FiDReader, inputs: InferenceInputs) -> None:
-    """FiDReader.leave_one_out_log_likelihoods: all passages, then masked copies."""
-    B = inputs.batch
-    hidden, mask = _encode(reader, inputs, B, inputs.passages)
-    labels = torch.ones(B, inputs.answer_tokens, dtype=torch.long)
-    every = reader._answer_log_likelihood(hidden, mask, labels)  # (B,): held through the passes
-    rows = torch.arange(min(ROWS_PER_PASS["loop"], B * inputs.passages)) % B
-    reader._answer_log_likelihood(hidden[rows], mask[rows], labels[rows])
-    del every
+    """FiDReader.leave_one_out_log_likelihoods: the fused states of every question, then one
+    question's copies (all passages, then each left out), ROWS_PER_PASS at a time, reading its
+    cross-attention keys and values, projected once for every layer (a pass of the
+    question's first copies: the passes are alike)."""
+    B, N, k = inputs.batch, inputs.passages, _handed_tokens(inputs)
+    hidden, mask = _encode(reader, inputs, B, N)
+    token_passage = torch.arange(N).repeat_interleave(k).expand(B, N * k).contiguous()
+    encoding = FusedEncoding(hidden, mask, token_passage)  # held through the questions
+    labels = torch.ones(inputs.answer_tokens, dtype=torch.long)
+    slots = torch.arange(min(N, ROWS_PER_PASS["loop"] - 1))  # + the all-passages copy
+    reader._leave_one_out_question(encoding, 0, slots, labels, ROWS_PER_PASS["loop"])
 
 
 def _embed(model: DualEncoder, inputs: InferenceInputs) -> None:

@@ -315,9 +315,12 @@ class FiDReader(nn.Module):
 
         The passages are encoded once: in FiD each passage's encoder states do not depend on
         the others, so "passage n removed" is the fused encoding with passage n's tokens
-        masked from the decoder's cross-attention, decoded as `rows_per_pass` masked copies at
-        a time. (With a kept cross-attention position bias the other passages keep their
-        positions, where removing the passage from the input would shift the later ones.)
+        masked from the decoder's cross-attention. (With a kept cross-attention position bias
+        the other passages keep their positions, where removing the passage from the input
+        would shift the later ones.) Question by question, its copies (all passages, then each
+        real passage masked) differ only in that mask: every decoder layer's cross-attention
+        keys and values are projected once a question and shared by its copies, decoded
+        `rows_per_pass` at a time (`_leave_one_out_question`).
 
         Args:
             input_ids: (B, N, L).
@@ -329,18 +332,49 @@ class FiDReader(nn.Module):
         """
         B, N, _ = input_ids.shape
         encoding = self.encode(input_ids, attention_mask)  # hidden (B, T, D), mask (B, T)
-        every = self._answer_log_likelihood(encoding.hidden, encoding.mask, labels)  # (B,)
         scores = torch.full((B, N), float("nan"), device=input_ids.device)
-        question, slot = (attention_mask.sum(dim=-1) > 0).nonzero(as_tuple=True)  # (R,) each
-        for start in range(0, len(question), rows_per_pass):
-            q, n = question[start : start + rows_per_pass], slot[start : start + rows_per_pass]
-            # (R, T): question q's tokens but those of passage n
-            kept = encoding.mask[q].bool() & (encoding.token_passage[q] != n[:, None])
-            without = self._answer_log_likelihood(
-                encoding.hidden[q], kept.to(encoding.mask.dtype), labels[q]
-            )
-            scores[q, n] = every[q] - without
+        real = attention_mask.sum(dim=-1) > 0  # (B, N)
+        for b in range(B):
+            slots = real[b].nonzero().squeeze(1)  # (K,) the question's real passage slots
+            if len(slots):
+                likelihoods = self._leave_one_out_question(
+                    encoding, b, slots, labels[b], rows_per_pass
+                )  # (K + 1,): all passages, then each slot left out
+                scores[b, slots] = likelihoods[0] - likelihoods[1:]
         return scores
+
+    def _leave_one_out_question(
+        self,
+        encoding: FusedEncoding,
+        b: int,
+        slots: torch.Tensor,
+        labels: torch.Tensor,
+        rows_per_pass: int,
+    ) -> torch.Tensor:
+        """(K + 1,) summed log-probabilities of question b's answer `labels` (A,) given all its
+        passages, then given all but each of `slots` (K,), in float32.
+
+        The K + 1 copies read the same encoder states (T, D) under their own cross-attention
+        masks: the states and the answer are expanded views, and each decoder layer's keys and
+        values are projected once (`_shared_cross_attention`), not once a copy.
+        """
+        hidden = encoding.hidden[b : b + 1]  # (1, T, D)
+        real = encoding.mask[b].bool()  # (T,)
+        # Slot -1 tags padding, which the mask leaves out already: its copy reads everything.
+        left_out = torch.cat([slots.new_full((1,), -1), slots])  # (K + 1,)
+        parts = []
+        with _shared_cross_attention(self.t5, hidden):
+            for dropped in left_out.split(rows_per_pass):
+                R = len(dropped)
+                kept = real & (encoding.token_passage[b] != dropped[:, None])  # (R, T)
+                parts.append(
+                    self._answer_log_likelihood(
+                        hidden.expand(R, -1, -1),
+                        kept.to(encoding.mask.dtype),
+                        labels.expand(R, -1),
+                    )
+                )
+        return torch.cat(parts)
 
     def _answer_log_likelihood(
         self, hidden: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
@@ -460,3 +494,44 @@ def _store_output(store: dict, name: str):
         store[name] = output.detach()
 
     return hook
+
+
+class _SharedProjection(nn.Module):
+    """Stands in for a cross-attention's `k` or `v` projection while copies of one question
+    are decoded: returns the question's projection, computed once, expanded over the copies."""
+
+    def __init__(self, projected: torch.Tensor):
+        super().__init__()
+        self.projected = projected  # (1, T, H*dk)
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        # states: (R, T, D) the copies' encoder states; -> (R, T, H*dk), a view
+        return self.projected.expand(*states.shape[:-1], -1)
+
+
+@contextlib.contextmanager
+def _shared_cross_attention(t5: T5ForConditionalGeneration, hidden: torch.Tensor) -> Iterator[None]:
+    """Projects one question's encoder states `hidden` (1, T, D) to every decoder layer's
+    cross-attention keys and values once, and lets every decoder call inside the block read
+    them, for any number of copies of that question (encoder states (R, T, D), an expansion
+    of `hidden`).
+
+    Each cross-attention's `k` and `v` are swapped for `_SharedProjection`s and put back on
+    exit: T5Attention then reshapes views of the shared projections, and the rest of T5 runs
+    unchanged. (transformers' EncoderDecoderCache can hold pre-filled keys too, but a decoder
+    call with a cache computes a kept cross-attention position bias from the query positions
+    shifted by the self-attention cache's length: not the uncached pass.) Layers without
+    cross-attention (FiDO) have nothing to share.
+    """
+    attentions = [
+        block.layer[1].EncDecAttention for block in t5.decoder.block if has_cross_attention(block)
+    ]
+    originals = [(attention.k, attention.v) for attention in attentions]
+    try:
+        for attention in attentions:
+            keys, values = attention.k(hidden), attention.v(hidden)  # (1, T, H*dk) each
+            attention.k, attention.v = _SharedProjection(keys), _SharedProjection(values)
+        yield
+    finally:
+        for attention, (k, v) in zip(attentions, originals, strict=True):
+            attention.k, attention.v = k, v
