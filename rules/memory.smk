@@ -179,23 +179,31 @@ def trained_models():
     """Rule report_memory's params: {model folder under results/{run}/: {"job": its stage's
     TrainingJob fields (None: not planned), "mem_mb": the config's, if any, "benchmark": file}}.
     """
+    # model -> (the rule its plan is of, its config section, its benchmark file's path)
     found = {}
     if CURRICULUM.get("warmup"):
         found["iter0/reader_warmup"] = (
             "train_reader",
             "reader_warmup",
-            "iter0/reader_warmup",
+            f"train_reader/{RUN}/iter0/reader_warmup",
         )
     for i in range(K):
         found[f"iter{i}/reader"] = (
             "train_reader",
             stage_section(i, "reader"),
-            f"iter{i}/reader",
+            f"train_reader/{RUN}/iter{i}/reader",
         )
         found[f"iter{i}/retriever"] = (
             "train_retriever",
             stage_section(i, "retriever"),
-            f"iter{i}",
+            f"train_retriever/{RUN}/iter{i}",
+        )
+    # the retrievers of distillation_signals: rule train_retriever_signal (signals.smk)
+    for source, name in SIGNAL_SOURCES.items():
+        found[f"{source}/retriever"] = (
+            "train_retriever",
+            f"retriever_signal_{name}",
+            f"train_retriever_signal/{RUN}/{source}",
         )
     models = {}
     for model, (rule_name, section, log) in found.items():
@@ -205,6 +213,6 @@ def trained_models():
             "mem_mb": config["resources"]
             .get(rule_name, {})
             .get("mem_mb"),  # the user's, if any
-            "benchmark": f"logs/benchmarks/{rule_name}/{RUN}/{log}.tsv",
+            "benchmark": f"logs/benchmarks/{log}.tsv",
         }
     return models

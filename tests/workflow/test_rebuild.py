@@ -89,8 +89,9 @@ def test_distillation_signals_added_to_a_finished_run(tiny_run, tmp_path):
             assert wildcards["i"] == "1" and wildcards["signal"] in SIGNALS, job
         elif job[0] == "stage_config":
             assert re.fullmatch(r"(score_passages|retriever)_signal_\w+", wildcards["stage"]), job
-        else:  # the report: its new page, the run times of every job, the config it shows
-            assert job[0] in {"report_signals", "report_runtimes", "report_config"}, job
+        else:  # the report: its new page, every job's run time and memory, the config shown
+            assert job[0] in {"report_signals", "report_runtimes", "report_memory",
+                              "report_config"}, job  # fmt: skip
     assert len([j for j in planned if j[0] == "score_passages_signal"]) == 2 * 2  # train, dev
     assert len([j for j in planned if j[0] == "retrieve"]) == 2 * 2  # dev, test
     result = snakemake(run, "--configfile", str(config), "--cores", "2", timeout=1800)
@@ -127,6 +128,11 @@ def test_distillation_signals_added_to_a_finished_run(tiny_run, tmp_path):
             if row["retriever"] == "iter1":
                 assert row[f"top-{k} CI low"] == row[f"top-{k} CI high"] == 0
     assert (results / "report/signals.png").stat().st_size > 10_000
+    memory = pd.read_csv(results / "report/memory.csv").set_index("model")
+    for name in SIGNALS:  # each signal's retriever: planned and measured like the round's own
+        row = memory.loc[f"iter1-{name}/retriever"]
+        assert row["rule"] == "train_retriever" and row["measured (MiB)"] > 0
+        assert row["predicted (MiB)"] > 0 and row["job peak RSS (MB)"] > 0
     report = snakemake(run, "--configfile", str(config), "--report", "report.html")
     assert report.returncode == 0, report.stderr[-3000:]
     page = report_pages(run / "report.html")["results/tiny/report/signals.html"]
