@@ -17,8 +17,9 @@ fusion, written out as in the training trace). What each holds at its peak:
 - score-passages, mean_logit / attention_mass: the fused states, one decoder step whose
   cross-attention keys are kept for every layer (the scores read them), the scores in fp32.
   pdist: 64 single-passage rows at a time (FiDReader.answer_log_likelihoods), each decoding
-  the answer: (64, A, vocab) logits in fp32. loop: the question's fused states, then 8
-  masked copies at a time decoding the answer.
+  the answer: (64, A, vocab) logits in fp32. loop: the batch's fused states, one
+  question's cross-attention keys and values (projected once, shared by its copies), and 8
+  masked copies of it at a time decoding the answer.
 - embed-passages: one batch of passages through the passage encoder.
 
 Allowances as for training (fid.memory.plan), with one cuBLAS workspace (no backward thread).
