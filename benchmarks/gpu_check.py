@@ -24,6 +24,12 @@ the exit status is 1 if any check failed. The checks, on a demo world with tiny 
   step's kernels by time (mfu_profile.txt);
 - memory plan: benchmarks/memory_plan.py --quick on the device, `fid plan-memory`'s predicted
   peak against max_memory_allocated (goal 10%; small: one case, no goal).
+- out of memory: a real one (issue 28 item 4). CUDA's caching allocator is capped
+  (torch.cuda.set_per_process_memory_fraction) halfway between the measured peaks of a
+  micro-batch and of its half: reader training must redo the step split, lower its token
+  limit and end with the uncapped run's parameters (fp32 round-off); score-passages must
+  split its batch, lower its batch size and write the uncapped run's scores. On a CPU the
+  same commands run under FID_INJECT_OOM (the tests' simulated error) instead of a cap.
 
 `--device cpu --small` runs every check that a CPU can (fp16 and the MFU's peak are CUDA's) on
 tiny sizes in about a minute: tests/test_gpu_check.py runs it, so that the script cannot rot
@@ -35,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -276,6 +283,99 @@ class Run:
         assert mfu >= 0.40, f"MFU {mfu:.1%} < 40% ({achieved / 1e12:.1f} TFLOP/s)"
         return f"MFU {mfu:.1%}: {achieved / 1e12:.1f} of {peak / 1e12:.0f} TFLOP/s"
 
+    def oom(self) -> str:
+        return f"training: {self._oom_training()}; scoring: {self._oom_scoring()}"
+
+    def _measured_fid(self, name: str, fraction: float, *args, env=None) -> tuple[int, str]:
+        """(peak bytes allocated on the device, stderr) of `fid ARGS` under a memory cap."""
+        peak = self.out / f"{name}.peak"
+        command = [sys.executable, "-c", _MEASURED_FID, str(fraction), str(peak), *map(str, args)]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                                env={**os.environ, **self.device_env, **(env or {})})  # fmt: skip
+        assert result.returncode == 0, f"{name}: exit {result.returncode}\n{result.stderr[-2000:]}"
+        return int(peak.read_text()), result.stderr
+
+    def _oom_reader(self) -> Path:
+        """A reader whose activations outweigh its weights and the allocator's slack."""
+        model = self.out / "init_reader_oom"
+        if not (model / "config.json").is_file():
+            d = 32 if self.small else 128
+            _fid("init-reader", "--config", _yaml(self.out / "init_reader_oom.yaml", dict(
+                vocab_size=500, d_model=d, d_ff=4 * d, d_kv=d // 4, num_layers=2,
+                num_decoder_layers=2, num_heads=4)), "--corpus", self.data / "passages.tsv",
+                self.data / "reader/train.json", "--output", model)  # fmt: skip
+        return model
+
+    def _split_run(self, run, batch: int, tokens_per_item: int) -> tuple[int, str, str]:
+        """Runs `run(name, batch, fraction, env)` (-> (peak bytes, stderr)) uncapped as the
+        reference, then at the same batch where a batch cannot fit but its half can: on CUDA
+        with the allocator capped halfway between the batch's peak and its half's (the batch
+        doubled until they differ by 64 MiB, more than the allocator's slack); on a CPU with
+        FID_INJECT_OOM at 3/4 of a batch's tokens. Returns (batch, reference name, log)."""
+        import torch
+
+        if not self.cuda:
+            run(f"full{batch}", batch)
+            inject = {"FID_INJECT_OOM": f"1:{batch * tokens_per_item * 3 // 4}"}
+            return batch, f"full{batch}", run("capped", batch, env=inject)[1]
+        half = run(f"full{batch // 2}", batch // 2)[0]
+        full = run(f"full{batch}", batch)[0]
+        while full - half < 64 * 2**20 and batch < 1024:
+            batch, half = 2 * batch, full
+            full = run(f"full{batch}", batch)[0]
+        assert full - half >= 64 * 2**20, f"peaks {full / 2**20:.0f}, {half / 2**20:.0f} MiB"
+        fraction = (full + half) / 2 / torch.cuda.get_device_properties(0).total_memory
+        return batch, f"full{batch}", run("capped", batch, fraction)[1]
+
+    def _oom_training(self) -> str:
+        from safetensors.torch import load_file
+
+        # passages cut to 32 tokens (the demo's are longer): 4 x 32 = 128 tokens a question
+        def train(name, batch, fraction=0.0, env=None):
+            config = self.reader_config(f"oom-{name}", batch_size_per_device=batch,
+                                        passage_max_tokens=32, max_steps=3, eval_every_steps=3,
+                                        save_every_steps=3, deterministic=True)  # fmt: skip
+            return self._measured_fid(
+                f"oom-{name}", fraction, "train-reader", "--config", config, "--train",
+                self.data / "reader/train.json", "--dev", self.data / "reader/dev.json",
+                "--init-model", self._oom_reader(), "--output", self.out / f"oom-{name}",
+                "--state-dir", self.out / f"state-oom-{name}", env=env)  # fmt: skip
+
+        batch, reference, log = self._split_run(train, 8 if self.small else 64, 128)
+        lowered = re.findall(r"out of memory in a micro-batch of (\d+) tokens \(rank 0\); the "
+                             r"micro-batch token limit goes from (\w+) to (\d+)", log)  # fmt: skip
+        assert lowered, f"no out-of-memory error was recovered:\n{log[-2000:]}"
+        want = load_file(self.out / f"oom-{reference}" / "model.safetensors")
+        got = load_file(self.out / "oom-capped" / "model.safetensors")
+        worst = max(float((got[k] - want[k]).abs().max()) for k in want)
+        assert worst <= 1e-5, f"parameters after 3 steps differ by {worst:.1e}"
+        return (f"batch {batch}: {len(lowered)} split(s), token limit {lowered[0][1]} -> "
+                f"{lowered[-1][2]}, parameters within {worst:.1e} of the unsplit run's")  # fmt: skip
+
+    def _oom_scoring(self) -> str:
+        def score(name, batch, fraction=0.0, env=None):
+            config = _yaml(self.out / f"oom-score-{name}.yaml", dict(
+                n_passages=4, passage_max_tokens=32, batch_size=batch, precision="fp32"))  # fmt: skip
+            return self._measured_fid(
+                f"oom-score-{name}", fraction, "score-passages", "--config", config, "--model",
+                self._oom_reader(), "--questions", self.data / "reader/train.json", "--output",
+                self.out / f"oom-score-{name}.json", env=env)  # fmt: skip
+
+        batch, reference, log = self._split_run(score, 16 if self.small else 256, 128)
+        lowered = re.findall(r"out of memory in a batch of (\d+) .*?; the batch size goes from "
+                             r"(\d+) to (\d+)", log)  # fmt: skip
+        assert lowered, f"no out-of-memory error was recovered:\n{log[-2000:]}"
+
+        def scores(name):
+            records = json.loads((self.out / f"oom-score-{name}.json").read_text())
+            return [c["reader_score"] for r in records for c in r["ctxs"]]
+
+        want, got = scores(reference), scores("capped")
+        worst = max(abs(a - b) for a, b in zip(want, got, strict=True))
+        assert worst <= 1e-5, f"scores differ by {worst:.1e}"
+        return (f"batch {batch}: size {lowered[0][1]} -> {lowered[-1][2]}, {len(want)} scores "
+                f"within {worst:.1e} of the unsplit run's")  # fmt: skip
+
     def memory_plan(self) -> str:
         """benchmarks/memory_plan.py on the device: `fid plan-memory`'s peak against the
         measured one (CUDA: max_memory_allocated), goal 10% (issue 28). Small: one tiny case,
@@ -395,8 +495,24 @@ name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 print(json.dumps({"step_s": step_s, "flops": flops, "device_name": name}))
 """
 
+# `fid` under a capped CUDA caching allocator (fraction 0: no cap), max_memory_allocated
+# written to a file at exit: argv FRACTION PEAK_FILE FID_ARGS...
+_MEASURED_FID = """
+import atexit, sys, torch
+fraction, peak_file = float(sys.argv[1]), sys.argv[2]
+if fraction and torch.cuda.is_available():
+    torch.cuda.set_per_process_memory_fraction(fraction)
+def _write_peak():
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+    open(peak_file, "w").write(str(peak))
+atexit.register(_write_peak)
+from fid.cli import command
+sys.argv = ["fid", "--threads", "1", *sys.argv[3:]]
+command()
+"""
+
 CHECKS = ["train_precisions", "resume", "inference", "process_group", "train_retriever",
-          "acceleration_speed", "mfu", "memory_plan"]  # fmt: skip
+          "acceleration_speed", "mfu", "memory_plan", "oom"]  # fmt: skip
 
 
 def main() -> None:
