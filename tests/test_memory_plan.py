@@ -80,25 +80,60 @@ def test_activations_equal_what_the_real_step_saves_for_backward():
     assert trace.forward_activations == pytest.approx(sum(saved.values()), rel=1e-3)
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_the_traced_peak_equals_the_real_steps_tensors(checkpointing):
-    """The real FiDReader step on real tensors, counted by the same tracker."""
-    reader = _real_reader(checkpointing)
+@pytest.fixture
+def masks_kept(monkeypatch):
+    """The real step as the plan plans it: every passage full length, and each bucket's
+    attention mask kept as a bucket holding padding keeps it (transformers drops an all-ones
+    mask, which a fake trace cannot see: the data decide)."""
+    import transformers.masking_utils
+
+    monkeypatch.setattr(transformers.masking_utils, "_ignore_bidirectional_mask_sdpa",
+                        lambda *args, **kwargs: False)  # fmt: skip
+
+
+def _real_step_peak(reader: FiDReader, ids, mask, labels) -> int:
+    """Tensor bytes at the peak of a steady-state step (AdamW's moments exist), counted by
+    the plan's tracker on real tensors."""
     optimizer = torch.optim.AdamW(reader.parameters())
-    for parameter in reader.parameters():  # the steady state: AdamW's moments exist
+    for parameter in reader.parameters():
         parameter.grad = torch.zeros_like(parameter)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    ids, mask, labels = _batch()
     tracker = _PeakTracker()
     tracker.track_external(reader, optimizer)
     with tracker:
         reader(ids, mask, labels=labels).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    real = _snapshot(tracker, "peak")["total"]
+    return _snapshot(tracker, "peak")["total"]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_traced_peak_equals_the_real_steps_tensors(checkpointing, masks_kept):
+    """The real FiDReader step on real tensors, counted by the same tracker."""
+    real = _real_step_peak(_real_reader(checkpointing), *_batch())
     run = StepRun(checkpointing=checkpointing, encoder_buckets=3)
     assert trace_reader_step(T5Config(**T5_SHAPE), SHAPE, run).peak == pytest.approx(real, rel=0.02)
+
+
+def test_a_checkpointed_step_keeps_each_buckets_position_bias():
+    """A checkpointed T5 stack keeps each bucket's (rows, heads, L, L) position bias (the mask
+    added) for its backward: an input of every later block's checkpoint. Passages of unequal
+    lengths, as real ones (each bucket padded to its longest, its mask kept); at L = 120 the 3
+    biases are a third of the step's tensors (a plan without them was 16% under). The plan
+    bounds the step from above (it plans full length), closely: 1.1% over."""
+    torch.manual_seed(0)
+    config = T5Config(**{**T5_SHAPE, "num_heads": 8})
+    reader = FiDReader(T5ForConditionalGeneration(config), encoder_buckets=3)
+    reader.set_attention("eager", torch.device("cpu"))
+    reader.set_activation_checkpointing(True)
+    shape = StepShape(questions=1, passages=6, passage_tokens=120, answer_tokens=5)
+    lengths = torch.tensor([114, 115, 116, 117, 118, 120])  # every bucket holds padding
+    mask = (torch.arange(120) < lengths[:, None]).long().view(1, 6, 120)
+    ids = torch.randint(2, 400, (1, 6, 120)) * mask
+    real = _real_step_peak(reader.train(), ids, mask, torch.randint(2, 400, (1, 5)))
+    planned = trace_reader_step(config, shape, StepRun(checkpointing=True, encoder_buckets=3))
+    assert real <= planned.peak <= 1.03 * real
 
 
 def test_a_cuda_plan_traces_sdpa_as_the_memory_efficient_kernel():
