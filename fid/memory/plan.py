@@ -6,7 +6,7 @@ cannot see is added as stated allowances: on a GPU the CUDA context and library 
 (CUDA_RUNTIME_BYTES) and the caching allocator's rounding and fragmentation
 (ALLOCATOR_FRACTION of the tensors' peak; both to be measured on a GPU: benchmarks/
 gpu_check.py); on a CPU what a training step adds beyond its tensors (CPU_RUNTIME_BYTES: 12-18
-MB measured at the tiny shapes). On a CPU the plan is what the step adds to the process
+MiB measured at the tiny shapes). On a CPU the plan is what the step adds to the process
 (the interpreter and torch's libraries are there before any model, ~0.4 GB); fid
 fixes glibc's mmap threshold (fid.runtime.heap) so that freed activations go back to the
 system instead of lingering in a fragmented heap, which made the resident size up to 1.6x the
@@ -34,9 +34,9 @@ from fid.models.retriever_spec import DualEncoderSpec
 
 # What a CPU step's process holds beyond its tensors: the resident peak above the process
 # before the model, less the real step's tensor peak (the plan's tracker on real tensors), was
-# 12-18 MB in the five tiny reader cases of benchmarks/memory_plan.py (torch 2.13, glibc 2.36,
-# one thread). ~7 MB of it is torch's kernel code paged in by the first real step (RssFile:
-# the trace runs no kernel); the rest, 5-11 MB, is anonymous: glibc's heap, which serves the
+# 12-18 MiB in the five tiny reader cases of benchmarks/memory_plan.py (torch 2.13, glibc 2.36,
+# one thread). ~7 MiB of it is torch's kernel code paged in by the first real step (RssFile:
+# the trace runs no kernel); the rest, 5-11 MiB, is anonymous: glibc's heap, which serves the
 # blocks under the 256 KiB mmap threshold (fid.runtime.heap) and keeps freed ones resident
 # between uses (fragmented), autograd's graph, Python's objects
 CPU_RUNTIME_BYTES = 16 << 20

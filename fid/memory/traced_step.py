@@ -151,7 +151,7 @@ def trace_reader_step(config: PretrainedConfig, shape: StepShape, run: StepRun) 
         # A checkpointed stack keeps each bucket's (rows, heads, L, L) fp32 position bias (the
         # mask added) until its backward: it is an input of every later block's checkpoint.
         # The real step keeps it too: at benchmarks/memory_plan.py's tiny 1 x 10 x 250 (8
-        # buckets, 1 MB each) its tensors peak at 24.2 MB, the trace at 24.9, 17.2 without them.
+        # buckets, 1 MB each) its tensors peak at 24.2 MiB, the trace at 24.9, 17.2 without them.
         return _trace(t5, forward, run)
 
 
