@@ -42,8 +42,16 @@ from fid.memory.plan import (
     CUBLAS_WORKSPACE_BYTES,
     CUDA_RUNTIME_BYTES,
     format_bytes,
+    largest_that_fits,
 )
-from fid.memory.traced_step import _cuda_attention, _fake_mode, _PeakTracker, _Root, _snapshot
+from fid.memory.traced_step import (
+    _cuda_attention,
+    _fake_mode,
+    _PeakTracker,
+    _Root,
+    _snapshot,
+    fused_encoder_states,
+)
 from fid.models.reader import (
     FiDReader,
     FusedEncoding,
@@ -134,17 +142,9 @@ class InferenceFit:
 
 
 def fit_inference(inputs: InferenceInputs, memory: int) -> InferenceFit:
-    """The largest batch that fits `memory` bytes: a batch's peak is linear in its size (two
-    traces give the line, the answer is checked and stepped back where the line is off)."""
-    one = plan_inference(replace(inputs, batch=1))
-    if one.peak > memory:
-        return InferenceFit(0, one)
-    two = plan_inference(replace(inputs, batch=2))
-    batch = max(1, 1 + (memory - one.peak) // max(1, two.peak - one.peak))
-    plan = plan_inference(replace(inputs, batch=batch))
-    while plan.peak > memory and batch > 1:  # the line is a fit: step back where it is off
-        batch -= 1
-        plan = plan_inference(replace(inputs, batch=batch))
+    """The largest batch that fits `memory` bytes (a batch's peak is linear in its size:
+    `largest_that_fits`)."""
+    batch, plan = largest_that_fits(lambda n: plan_inference(replace(inputs, batch=n)), memory)
     return InferenceFit(batch, plan)
 
 
@@ -186,26 +186,11 @@ def _trace(inputs: InferenceInputs) -> dict[str, int]:
 
 
 def _encode(reader: FiDReader, inputs: InferenceInputs, questions: int, passages: int):
-    """FiDReader.encode at full length, without its data-dependent bookkeeping: the passages
-    in length-sorted buckets (a bucket of several holds padding: a mask; one alone has none
-    under SDPA), each bucket's first k tokens copied out, concatenated and scattered into
-    the fused (questions, passages * k, D) states. Returns them and their (.., T) mask."""
-    L, k = inputs.passage_tokens, _handed_tokens(inputs)
-    rows_total = questions * passages
-    parts = []
-    for rows in torch.tensor_split(
-        torch.arange(rows_total), min(inputs.encoder_buckets, rows_total)
-    ):
-        ids = torch.ones(len(rows), L, dtype=torch.long)
-        alone = len(rows) == 1 and inputs.attention == "sdpa"
-        hidden = reader.t5.encoder(
-            input_ids=ids, attention_mask=None if alone else torch.ones_like(ids)
-        ).last_hidden_state  # (rows, L, D)
-        picked = torch.arange(len(rows) * k)
-        parts.append(hidden[:, :k].reshape(len(rows) * k, -1).index_select(0, picked))
-    tokens = torch.cat(parts)  # (rows_total * k, D)
-    fused = tokens.new_zeros(tokens.shape).index_copy(0, torch.arange(rows_total * k), tokens)
-    T = passages * k
+    """FiDReader.encode at full length (fused_encoder_states): the fused (questions,
+    passages * k, D) states and their (.., T) mask."""
+    T = passages * _handed_tokens(inputs)
+    fused, _ = fused_encoder_states(reader.t5, questions * passages, inputs.passage_tokens,
+                                    _handed_tokens(inputs), inputs.encoder_buckets)  # fmt: skip
     return fused.view(questions, T, -1), torch.ones(questions, T, dtype=torch.long)
 
 

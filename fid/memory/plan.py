@@ -16,7 +16,9 @@ tensors' (benchmarks/memory_plan.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import torch
 from transformers import PretrainedConfig
@@ -201,21 +203,36 @@ def fit_memory(inputs: PlanInputs, memory: int, effective_tokens: int) -> Fit:
     """The largest number of full-size questions a micro-batch can hold in `memory` bytes.
 
     The step's peak is linear in the questions of a micro-batch (each adds its encoder and
-    decoder activations), but for the optimizer's update, which does not grow: two traces (1
-    and 2 questions) give the line, a third checks the answer.
+    decoder activations), but for the optimizer's update, which does not grow
+    (`largest_that_fits`).
     """
-    one = plan_step(replace(inputs, shape=replace(inputs.shape, questions=1)))
-    if one.peak > memory:
-        return Fit(0, 0, 0, one, _remedies(inputs, memory, one))
-    two = plan_step(replace(inputs, shape=replace(inputs.shape, questions=2)))
-    per_question = max(1, two.peak - one.peak)
-    questions = max(1, 1 + (memory - one.peak) // per_question)
-    plan = plan_step(replace(inputs, shape=replace(inputs.shape, questions=questions)))
-    while plan.peak > memory and questions > 1:  # the line is a fit: step back where it is off
-        questions -= 1
-        plan = plan_step(replace(inputs, shape=replace(inputs.shape, questions=questions)))
+    questions, plan = largest_that_fits(
+        lambda n: plan_step(replace(inputs, shape=replace(inputs.shape, questions=n))), memory
+    )
+    if questions == 0:
+        return Fit(0, 0, 0, plan, _remedies(inputs, memory, plan))
     tokens = questions * inputs.shape.passages * inputs.shape.passage_tokens
     return Fit(questions, tokens, max(1, math.ceil(effective_tokens / tokens)), plan, [])
+
+
+Planned = TypeVar("Planned")  # a plan with a `peak` (bytes): MemoryPlan, InferencePlan
+
+
+def largest_that_fits(plan_at: Callable[[int], Planned], memory: int) -> tuple[int, Planned]:
+    """The largest n >= 1 whose plan `plan_at(n)` peaks within `memory` bytes, and that plan;
+    (0, the plan of 1) when even 1 does not fit. A peak is linear in n (n questions or items
+    a batch) but for what does not grow with it: two plans (1 and 2) give the line, the
+    answer's own plan checks it, stepping back one at a time where the line is off."""
+    one = plan_at(1)
+    if one.peak > memory:
+        return 0, one
+    two = plan_at(2)
+    n = max(1, 1 + (memory - one.peak) // max(1, two.peak - one.peak))
+    plan = plan_at(n)
+    while plan.peak > memory and n > 1:
+        n -= 1
+        plan = plan_at(n)
+    return n, plan
 
 
 def _remedies(inputs: PlanInputs, memory: int, one: MemoryPlan) -> list[str]:

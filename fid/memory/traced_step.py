@@ -106,6 +106,36 @@ class StepTrace:
     update_peak: int
 
 
+def fused_encoder_states(
+    t5: torch.nn.Module, rows: int, L: int, k: int, buckets: int, tracker: MemTracker | None = None
+) -> tuple[torch.Tensor, int | None]:
+    """FiDReader.encode at full length, as it makes its tensors: the `rows` passages (questions
+    x passages) of L tokens in `buckets` groups (the recomputation of a checkpointed block holds
+    one bucket's activations), each group's first k tokens picked out (a copy; its backward
+    keeps the row and position of each), concatenated (rows * k, D) and scattered into the
+    fused sequence: two copies. Training and inference plans trace it alike.
+
+    Returns:
+        The fused states (rows * k, D), and the activations alive after the buckets (bytes;
+        `tracker`'s, None without one).
+    """
+    parts = []
+    for group in torch.tensor_split(torch.arange(rows), min(buckets, rows)):
+        ids = torch.ones(len(group), L, dtype=torch.long)
+        # a group of several passages holds padding (it is padded to its longest), so
+        # attention gets a (group, heads, L, L) mask; one passage alone has none: transformers
+        # (5.25) drops an all-ones mask, for eager and SDPA alike
+        mask = None if len(group) == 1 else torch.ones_like(ids)
+        hidden = t5.encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # (group, L, D)
+        kept = hidden[:, :k].reshape(len(group) * k, -1)
+        row_and_position = torch.arange(len(group) * k * 2).view(2, -1)
+        parts.append(kept.index_select(0, row_and_position[0] % (len(group) * k)))
+    encoder_bytes = _activations(tracker) if tracker is not None else None
+    tokens = torch.cat(parts)
+    fused = tokens.new_zeros(tokens.shape).index_copy(0, torch.arange(rows * k), tokens)
+    return fused, encoder_bytes
+
+
 def trace_reader_step(config: PretrainedConfig, shape: StepShape, run: StepRun) -> StepTrace:
     """A FiD reader's forward, backward and AdamW update at `shape`, on fake tensors."""
     with _fake_mode():
@@ -120,26 +150,8 @@ def trace_reader_step(config: PretrainedConfig, shape: StepShape, run: StepRun) 
         k = L if run.light_tokens is None else min(run.light_tokens, L)  # tokens handed on
 
         def forward(tracker: MemTracker) -> tuple[torch.Tensor, int]:
-            # FiDReader.encode: the passages in buckets (the recomputation of a checkpointed
-            # block holds one bucket's activations), the buckets' first k tokens concatenated
-            # (B*N*k, D), then scattered into the fused (B, N*k, D) sequence: two copies
-            parts = []
-            for rows in torch.tensor_split(torch.arange(B * N), min(run.encoder_buckets, B * N)):
-                ids = torch.ones(len(rows), L, dtype=torch.long)
-                # a bucket of several passages holds padding (it is padded to its longest),
-                # so attention gets a (rows, heads, L, L) mask; one passage alone has none,
-                # and transformers (5.25) drops an all-ones mask, for eager and SDPA alike
-                alone = len(rows) == 1
-                mask = None if alone else torch.ones_like(ids)
-                hidden = t5.encoder(input_ids=ids, attention_mask=mask)
-                # FiDReader picks the real tokens by a mask (a copy; its backward keeps the
-                # row and position of each): all of them here
-                kept = hidden.last_hidden_state[:, :k].reshape(len(rows) * k, -1)
-                row_and_position = torch.arange(len(rows) * k * 2).view(2, -1)
-                parts.append(kept.index_select(0, row_and_position[0] % (len(rows) * k)))
-            encoder_bytes = _activations(tracker)
-            tokens = torch.cat(parts)
-            fused = tokens.new_zeros(tokens.shape).index_copy(0, torch.arange(B * N * k), tokens)
+            fused, encoder_bytes = fused_encoder_states(t5, B * N, L, k, run.encoder_buckets,
+                                                        tracker)  # fmt: skip
             loss = t5(
                 encoder_outputs=BaseModelOutput(last_hidden_state=fused.view(B, N * k, -1)),
                 attention_mask=torch.ones(B, N * k, dtype=torch.long),
