@@ -153,6 +153,7 @@ def _base_config(workdir: Path) -> dict:
     config["data"]["questions"]["dev"]["index"] = "data/own/idx.json"
     config["pretrained"]["hub"] = {"model": "sentence-transformers/all-MiniLM-L6-v2"}
     config["eval_reader_accelerations"] = {"prune1": {"keep_passages": 1}}  # its names
+    config["distillation_signals"] = {"pdist": {"score_passages": {"mode": "pdist"}}}  # names
     config["resources"]["default"].update(
         slurm_partition="cpu",
         slurm_account="lab",

@@ -260,8 +260,10 @@ def test_every_rule_is_one_fid_call(tmp_path):
     verbs = set(build_parser()._subparsers._group_actions[0].choices)
     assert {"train_reader", "train_retriever", "copy_packaged_model", "retrieve"} <= set(shells)
     for rule, shell in shells.items():
-        # eval_reader_fast: eval-reader again, with an acceleration's stage config
-        rule = {"eval_reader_fast": "eval_reader"}.get(rule, rule)
+        # eval-reader again with an acceleration's stage config; a distillation signal's
+        # score-passages and train-retriever with its own (rules/common.smk RESOURCES_OF)
+        rule = {"eval_reader_fast": "eval_reader", "score_passages_signal": "score_passages",
+                "train_retriever_signal": "train_retriever"}.get(rule, rule)  # fmt: skip
         verb = rule.replace("_", "-")
         # the whole log in the rule's log file, by fid itself: nothing redirected
         pattern = rf"{_LAUNCHER} {verb} [^;&|`$<>]*"

@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -113,8 +114,9 @@ def test_distillation_signals_added_to_a_finished_run(tiny_run, tmp_path):
         source = "iter1" if row["retriever"] == "iter1" else f"iter1-{row['retriever']}"
         lists = results / source / "retrieval" / f"{row['split']}.json"
         metrics = run / f"{source}-{row['split']}.json"
-        done = subprocess.run(["fid", "eval-retrieval", "--questions", str(lists), "--output",
-                               str(metrics)], capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "fid", "eval-retrieval", "--questions",
+                               str(lists), "--output", str(metrics)], capture_output=True,
+                              text=True)  # fmt: skip
         assert done.returncode == 0, done.stderr
         accuracy = json.loads(metrics.read_text())["accuracy"]
         own = table[(table["split"] == row["split"]) & (table["retriever"] == "iter1")].iloc[0]
