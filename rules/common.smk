@@ -61,6 +61,8 @@ FIRST, EVAL_SPLITS = config["first_retrieval"], config["eval_splits"]
 # iter{K-1}-{name}, with its scores and retriever under results/{run}/{source}/ (rules/signals.smk)
 SIGNALS, SIGNAL_ROUND = config.get("distillation_signals") or {}, K - 1
 SIGNAL_SOURCES = {f"iter{SIGNAL_ROUND}-{name}": name for name in SIGNALS}
+# the stage of that round's own retriever, which every signal's knobs go over
+OWN_RETRIEVER = "retriever_later" if SIGNAL_ROUND > 0 else "retriever"
 DENSE = list(PRETRAINED) + [f"iter{i}" for i in range(K)]  # sources that embed
 DENSE += list(SIGNAL_SOURCES)
 SOURCES = list(dict.fromkeys([FIRST, *(f"iter{i}" for i in range(K)), *COMPARE]))
@@ -114,10 +116,7 @@ WHERE = {
 for name, knobs in SIGNALS.items():
     for stage, (cls, base) in {
         "score_passages": (ScorePassagesConfig, section("score_passages")),
-        "retriever": (
-            RetrieverTrainConfig,
-            section("retriever", later=SIGNAL_ROUND > 0),
-        ),
+        "retriever": STAGES[OWN_RETRIEVER],
     }.items():
         STAGES[f"{stage}_signal_{name}"] = (cls, {**base, **(knobs.get(stage) or {})})
         WHERE[f"{stage}_signal_{name}"] = f"distillation_signals.{name}.{stage}"
@@ -167,7 +166,7 @@ for retriever, scoring in _chains.items():
         )
 _own = (
     CHECKED["score_passages"],
-    CHECKED["retriever_later" if SIGNAL_ROUND > 0 else "retriever"],
+    CHECKED[OWN_RETRIEVER],
 )
 for name in SIGNALS:
     if _own == tuple(
@@ -188,9 +187,7 @@ for name in set(COMPARE) - {"bm25"} - set(PRETRAINED):
     fail("compare", f"{name!r} is not under pretrained", "add it there, or drop it")
 if CURRICULUM and not DEMO:
     fail("data.curriculum", "only the demo world has gold lists", "remove it")
-_index, _search = (
-    config_from_dict(STAGES[k][1], STAGES[k][0]) for k in ("build_index", "retrieve")
-)
+_index, _search = CHECKED["build_index"], CHECKED["retrieve"]
 if _index.rerank and _search.shortlist is None and _index.shortlist < _search.top_k:
     fail(
         "build_index.shortlist",
@@ -419,7 +416,7 @@ def local_ranks(processes):
 # ---------------------------------------------------------------- report captions
 def knob(stage, key):
     """A stage's knob as its job reads it (the dataclass default when the config omits it)."""
-    return getattr(config_from_dict(*reversed(STAGES[stage])), key)
+    return getattr(CHECKED[stage], key)
 
 
 def dev_lists(model):
@@ -476,6 +473,13 @@ def stage_section(i, stage):
     """The config section a training job of round i reads: the stage's own in round 0 (and the
     warm-up stage, round 0's only), with `later_rounds` merged over it after."""
     return stage if stage == "reader_warmup" or int(i) == 0 else f"{stage}_later"
+
+
+def scoring_config(wc):
+    """The stage file of a score-passages job: the signal's own (wildcard signal), else
+    score_passages'."""
+    signal = wc.get("signal")
+    return stage_file(f"score_passages_signal_{signal}" if signal else "score_passages")
 
 
 def training_section(wc):

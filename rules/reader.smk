@@ -69,7 +69,7 @@ rule score_passages:
     input:
         model="results/{run}/iter{i}/reader/model",
         questions=lambda wc: retrieval(round_source(wc.i), wc.split),
-        config=stage_file("score_passages"),
+        config=scoring_config,
         store=list_store(),
     output:
         "results/{run}/iter{i}/reader/scores/{split}.json",

@@ -18,12 +18,8 @@ SIGNAL_KS = [k for k in (1, 5, 20) if k < knob("retrieve", "top_k")]
 SIGNAL_KS.append(min(20, knob("retrieve", "top_k")))
 
 
+# Both run their rule's command on the signal's stage file (scoring_config, training_inputs).
 use rule score_passages as score_passages_signal with:
-    input:
-        model="results/{run}/iter{i}/reader/model",
-        questions=lambda wc: retrieval(round_source(wc.i), wc.split),
-        config=lambda wc: stage_file(f"score_passages_signal_{wc.signal}"),
-        store=list_store(),
     output:
         "results/{run}/iter{i}-{signal}/scores/{split}.json",
     log:
@@ -82,7 +78,7 @@ rule report_signals:
         teachers={
             f"iter{SIGNAL_ROUND}": (
                 CHECKED["score_passages"].mode,
-                CHECKED["retriever_later" if SIGNAL_ROUND else "retriever"].objective,
+                CHECKED[OWN_RETRIEVER].objective,
             ),
             **{
                 name: (
