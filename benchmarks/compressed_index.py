@@ -129,12 +129,19 @@ class Choice:
     rerank: bool = False
     knobs: list[dict] = field(default_factory=lambda: [{}])  # set_search_params kwargs
     train_sample: int = TRAIN_SAMPLE
+    refine_residual: str | None = None  # build_index.refine_residual
+
+    @property
+    def label(self) -> str:
+        """The factory, and the residual stages after " +res" (as _analogue parses them)."""
+        return self.factory + (f" +res({self.refine_residual})" if self.refine_residual else "")
 
 
 def _choices(d: int) -> dict[str, Choice]:
     ivf = f"IVF{NLIST}"
     probes = [{"nprobe": 16}, {"nprobe": 64}]
     shortlists = [{"nprobe": p, "shortlist": s} for p in (16, 64) for s in (200, 500, 1000)]
+    refined = [{"nprobe": 16, "shortlist": 1000}, {"nprobe": 64, "shortlist": 1000}]
     return {
         "flat": Choice("Flat"),
         "sq8": Choice(f"{ivf},SQ8", knobs=probes),
@@ -171,6 +178,16 @@ def _choices(d: int) -> dict[str, Choice]:
         # nprobe 16 only: 10-bit codes scan slowly (faiss's generic decoder), 64 lists cost ~6x
         "ivf_pq_d2x10_p16": Choice(f"{ivf},PQ{d // 2}x10", knobs=[{"nprobe": 16}]),
         "ivf_pq_d3x10": Choice(f"{ivf},PQ{d // 3}x10", knobs=[{"nprobe": 16}]),
+        # build_index.refine_residual (fid.retrieval.residual_refine): a small IVF-PQ for the
+        # shortlist, re-scored in RAM from codes of what its codes miss. At d = 256: PQ16 +
+        # PQ128x10 (16 + 160 B) and PQ32 + PQ128 + PQ16 (32 + 144 B), 184 B a passage with its
+        # id: 3.9 GB at 21M. `res_d3x10` (d = 384 only) is PQ16 + PQ128x10 (3 dims a
+        # sub-quantizer), the analogue of 768's PQ32 + PQ256x10 (360 B, 7.6 GB at 21M x 768).
+        "res_d2x10": Choice(f"{ivf},PQ{d // 16}", knobs=refined, refine_residual=f"PQ{d // 2}x10"),
+        "res_d2_d16": Choice(
+            f"{ivf},PQ{d // 8}", knobs=refined, refine_residual=f"PQ{d // 2}+PQ{d // 16}"
+        ),
+        "res_d3x10": Choice(f"{ivf},PQ{d // 24}", knobs=refined, refine_residual=f"PQ{d // 3}x10"),
         # nq.yaml's own default (d = 256 only: run with --project 256), its knobs included;
         # k-means on 16 points a list (nq.yaml trains on 40 at 21M: 655,360 points)
         "nq_default": Choice(
@@ -192,7 +209,7 @@ def _choices(d: int) -> dict[str, Choice]:
 DEFAULT_CHOICES = [
     c
     for c in _choices(384)
-    if c not in ("hnsw", "opq64_rerank") and not c.startswith(("nq_", "ivf_", "opq_ivf"))
+    if c not in ("hnsw", "opq64_rerank") and not c.startswith(("nq_", "ivf_", "opq_ivf", "res_"))
 ]
 
 
@@ -535,7 +552,12 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
     from fid.retrieval.index_build import build_index
 
     folder = args.workdir / f"index_{name}"
-    cfg = IndexConfig(choice.factory, train_sample=choice.train_sample, rerank=choice.rerank)
+    cfg = IndexConfig(
+        choice.factory,
+        train_sample=choice.train_sample,
+        rerank=choice.rerank,
+        refine_residual=choice.refine_residual,
+    )
     gc.collect()
     started, cpu = time.perf_counter(), time.process_time()
     built = build_index(cfg, prefixes, folder)
@@ -548,7 +570,9 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
     np.save(queries_file, queries)
     paid = [_paid(folder, queries_file, knobs, RETRIEVE_BATCH) for knobs in choice.knobs]
     index = PassageIndex.load(folder)
-    file_mb = (folder / "index.faiss").stat().st_size / 2**20
+    # the search state's files: index.faiss, and residual codes and quantizers if any
+    state = [folder / "index.faiss", *folder.glob("refine_*")]
+    file_mb = sum(path.stat().st_size for path in state) / 2**20
     results = []
     for knobs, paid_here in zip(choice.knobs, paid, strict=True):
         index.set_search_params(**knobs)
@@ -569,7 +593,7 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
         results.append(
             {
                 "choice": name,
-                "factory": choice.factory,
+                "factory": choice.label,
                 "rerank": choice.rerank,
                 "knobs": knobs,
                 "index_mb": file_mb,
@@ -652,7 +676,8 @@ def report(results: list[dict], sets, args) -> None:
             flush=True,
         )
     print(
-        "\nindex MB = index.faiss (codes, inverted-list ids, centroids, rotations); ids.npy and "
+        "\nindex MB = index.faiss (codes, inverted-list ids, centroids, rotations), with a "
+        "refine_residual's codes and quantizers (+res); ids.npy and "
         "vectors.npy are memory-mapped. 1/x = Flat's index.faiss / this one's. acc@k / Flat "
         "can pass 1 on the synthetic distractors: a search that misses some of those Flat ranks "
         "above an answer lifts the answer ('compressed hit, Flat missed'); on 'near' and "
@@ -724,7 +749,14 @@ def extrapolate(results, flat, n: int, dim: int) -> None:
 def _analogue(factory: str, d: int, base: int = 384) -> tuple[str, float]:
     """The factory with the same bits per dimension at dimension d, and its bytes per passage
     (codes + the 8-byte id each IVF list entry stores; HNSW: 2 x 32 links of 4 bytes; an
-    in-RAM refinement adds its own codes: SQ8 d, SQ4 d/2, SQfp16 2d bytes)."""
+    in-RAM refinement adds its own codes: SQ8 d, SQ4 d/2, SQfp16 2d bytes; residual stages
+    their M x bits / 8 at M scaled with d)."""
+    if m := re.fullmatch(r"(.*) \+res\((.*)\)", factory):
+        base_factory, code = _analogue(m[1], d, base)
+        stages = [re.fullmatch(r"PQ(\d+)(?:x(\d+))?", stage) for stage in m[2].split("+")]
+        scaled = [(int(int(st[1]) * d / base), int(st[2] or 8)) for st in stages]
+        spec = "+".join(f"PQ{sub}" + (f"x{bits}" if bits != 8 else "") for sub, bits in scaled)
+        return f"{base_factory} +res({spec})", code + sum(sub * bits / 8 for sub, bits in scaled)
     if m := re.fullmatch(r"(.*),Refine\((SQ8|SQ4|SQfp16)\)", factory):
         base_factory, code = _analogue(m[1], d, base)
         return f"{base_factory},Refine({m[2]})", code + {"SQ8": d, "SQ4": d / 2, "SQfp16": 2 * d}[
@@ -781,7 +813,7 @@ def main() -> None:
     names = ["flat"] + [c for c in args.choices if c != "flat"]
     results, flat_rows = [], None
     for name in names:
-        print(f"\n... {name}: {choices[name].factory}", flush=True)
+        print(f"\n... {name}: {choices[name].label}", flush=True)
         rows = measure(name, choices[name], args, queries, answers, prefixes, flat_rows)
         if name == "flat":
             flat_rows = rows[0]["rows"]

@@ -188,7 +188,11 @@ for name in set(COMPARE) - {"bm25"} - set(PRETRAINED):
 if CURRICULUM and not DEMO:
     fail("data.curriculum", "only the demo world has gold lists", "remove it")
 _index, _search = CHECKED["build_index"], CHECKED["retrieve"]
-if _index.rerank and _search.shortlist is None and _index.shortlist < _search.top_k:
+if (
+    (_index.rerank or _index.refine_residual)
+    and _search.shortlist is None
+    and _index.shortlist < _search.top_k
+):
     fail(
         "build_index.shortlist",
         f"{_index.shortlist} candidates cannot give retrieve.top_k = {_search.top_k}",

@@ -603,6 +603,28 @@ def test_an_in_memory_refinement_with_every_passage_shortlisted_is_flat(tmp_path
     )
 
 
+def test_no_sub_index_trains_polysemously():
+    """Polysemous training (a reordering of each PQ codebook that only Hamming-distance search
+    uses) is off in every PQ of a factory, a Refine(PQ...)'s and an OPQ-wrapped one's too: it
+    took 40 s instead of 0.9 s for a Refine(PQ16) of 2,000 vectors."""
+    from fid.retrieval.index_build import _skip_polysemous_training
+
+    for factory in ("IVF16,PQ4,Refine(PQ16)", "OPQ4_32,IVF16,PQ4", "PQ8"):
+        index = faiss.index_factory(D, factory, faiss.METRIC_INNER_PRODUCT)
+        _skip_polysemous_training(index)
+        subs, queue = [], [index]
+        while queue:
+            sub = faiss.downcast_index(queue.pop())
+            subs.append(sub)
+            for name in ("index", "base_index", "refine_index"):
+                if isinstance(getattr(sub, name, None), faiss.Index):
+                    queue.append(getattr(sub, name))
+        ivf = faiss.try_extract_index_ivf(index)
+        pqs = [s for s in subs + ([faiss.downcast_index(ivf)] if ivf else [])
+               if hasattr(s, "do_polysemous_training")]  # fmt: skip
+        assert pqs and not any(s.do_polysemous_training for s in pqs), factory
+
+
 def test_rerank_on_a_refining_factory_is_refused(vectors):
     cfg = IndexConfig("IVF16,PQ8,Refine(SQ8)", rerank=True)
     with pytest.raises(ConfigError, match="refines its shortlist in RAM already"):

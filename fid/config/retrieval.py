@@ -277,6 +277,31 @@ class EmbedPassagesConfig:
         check_range("sort_chunk", self.sort_chunk, low=1)
 
 
+# A residual refinement stage: "PQ<M>" (M sub-quantizers of 8 bits) or "PQ<M>x<bits>"
+REFINE_STAGE = re.compile(r"PQ([1-9][0-9]*)(?:x([1-9][0-9]*))?")
+
+
+def parse_refine_stages(spec: str) -> list[tuple[int, int]]:
+    """`refine_residual`: 'PQ128' -> [(128, 8)], 'PQ64x10+PQ32' -> [(64, 10), (32, 8)], each
+    stage's (sub-quantizers, bits).
+
+    Raises:
+        ConfigError: for anything else, or bits outside 1..16.
+    """
+    stages = []
+    for part in str(spec).split("+"):
+        match = REFINE_STAGE.fullmatch(part.strip())
+        bits = int(match[2] or 8) if match else 0
+        if not isinstance(spec, str) or not match or not 1 <= bits <= 16:
+            raise ConfigError(
+                f"refine_residual = {spec!r} is not allowed: expected product-quantizer stages "
+                "'PQ<M>' or 'PQ<M>x<bits>' (bits 1..16) joined by '+', e.g. 'PQ128', "
+                "'PQ128x10' or 'PQ64+PQ64'"
+            )
+        stages.append((int(match[1]), bits))
+    return stages
+
+
 @dataclass(frozen=True)
 class IndexConfig:
     """`fid build-index`: which faiss index to build and how to search it.
@@ -303,7 +328,14 @@ class IndexConfig:
             factory that refines in RAM: "OPQ32_256,IVF16384,PQ32,Refine(SQ8)" (or SQ4,
             SQfp16, PQ<M>, RFlat) keeps refinement codes in the index and re-scores the
             shortlist with them, no vectors.npy and no disk read per search (faiss's
-            k_factor = shortlist / top_k); not with `rerank`.
+            k_factor = shortlist / top_k); not with `rerank`. Also the shortlist re-scored with
+            `refine_residual`.
+        refine_residual: product-quantizer stages ("PQ128", "PQ128x10", "PQ64+PQ64") that code
+            what the factory's own codes miss of each passage; a search re-scores the
+            shortlist from them in RAM (fid.retrieval.residual_refine): no vectors.npy, no
+            disk read, finer than a Refine(...) of the same bytes. For an IVF with PQ or SQ
+            codes ("IVF16384,PQ32", "OPQ32_256,IVF16384,PQ32") and inner_product; not with
+            `rerank`.
     """
 
     factory: str = "Flat"
@@ -315,6 +347,7 @@ class IndexConfig:
     seed: int = 0
     rerank: bool = False
     shortlist: int = 1000
+    refine_residual: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.factory, str) or not self.factory.strip():
@@ -334,6 +367,20 @@ class IndexConfig:
         if not isinstance(self.rerank, bool):
             raise ConfigError(f"rerank = {self.rerank!r} is not allowed: expected true or false")
         check_range("shortlist", self.shortlist, low=1)
+        if self.refine_residual is not None:
+            parse_refine_stages(self.refine_residual)
+            if self.rerank:
+                raise ConfigError(
+                    f"refine_residual = {self.refine_residual!r} with rerank: true: a shortlist "
+                    "is re-scored once, from vectors.npy (rerank) or from residual codes in RAM "
+                    "(refine_residual). Hint: drop one"
+                )
+            if self.metric != "inner_product":
+                raise ConfigError(
+                    f"refine_residual with metric = {self.metric!r}: only inner_product is "
+                    "supported. Hint: for l2, faiss's own two-stage residual index, e.g. "
+                    "factory = 'IVF4096,PQ32+96'"
+                )
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@
 A `PassageIndex` folder holds `index.faiss` (`faiss.write_index`), `ids.npy` (row i of the faiss
 index is passage `ids[i]`), `meta.json` (dim, metric, count, model, factory, search knobs,
 faiss version, build time) and, for an index built with `rerank: true`, `vectors.npy`: every
-passage vector as float16, memory-mapped when loaded (fid.retrieval.rerank).
+passage vector as float16, memory-mapped when loaded (fid.retrieval.rerank); for one built with
+`refine_residual`, `refine_codes.npy` and `refine_pq<i>.faiss`, the residual codes that
+re-score a shortlist in RAM (fid.retrieval.residual_refine).
 
 Any faiss `index_factory` string can be built ("Flat", "HNSW32", "IVF4096,PQ64", "SQ8", ...); see
 https://github.com/facebookresearch/faiss/wiki/The-index-factory and, for choosing one,
@@ -43,6 +45,7 @@ from fid.retrieval.rerank import (
     rescore,
     write_vectors,
 )
+from fid.retrieval.residual_refine import ResidualRefinement
 from fid.runtime.fileio import atomic_directory
 from fid.runtime.progress import progress
 from fid.text_files import read_json
@@ -92,6 +95,8 @@ class PassageIndex:
         vectors: with `cfg.rerank`, the (count, D) passage vectors that re-score shortlists:
             float16 memory-mapped from `vectors.npy` once loaded; after `build`, the
             embeddings it was built from (float16 values), written out by `save`.
+        refinement: with `cfg.refine_residual`, the residual codes (in RAM) that re-score
+            shortlists.
     """
 
     def __init__(
@@ -102,11 +107,14 @@ class PassageIndex:
         model: str,
         build_seconds: float | None = None,
         vectors: RowSource | None = None,
+        refinement: ResidualRefinement | None = None,
     ):
         assert index.ntotal == len(ids), (index.ntotal, len(ids))
         assert (vectors is not None) == cfg.rerank, "vectors are needed exactly when rerank"
+        assert (refinement is not None) == bool(cfg.refine_residual), "refinement iff its codes"
         self.index = index
         self.vectors = vectors
+        self.refinement = refinement
         self.ids = np.asarray(ids, dtype=str)
         self.cfg = cfg
         self.model = model
@@ -138,6 +146,10 @@ class PassageIndex:
 
     def __repr__(self) -> str:
         rerank = f", rerank shortlist={self.cfg.shortlist}" if self.cfg.rerank else ""
+        if self.refinement is not None:
+            rerank = (
+                f", refine_residual={self.cfg.refine_residual!r} shortlist={self.cfg.shortlist}"
+            )
         return (
             f"PassageIndex(factory={self.cfg.factory!r}, metric={self.metric!r}, "
             f"dim={self.dim}, count={self.count}, model={self.model!r}{rerank})"
@@ -155,14 +167,21 @@ class PassageIndex:
             ConfigError: for values out of range, or a shortlist for an index built without
                 `rerank` (it has no vectors to re-score with).
         """
-        if shortlist is not None and not (self.cfg.rerank or self.refines_in_memory):
+        if shortlist is not None and not self.rescores_shortlist:
             raise ConfigError(
                 f"shortlist = {shortlist} needs an index that re-ranks (build_index.rerank: "
-                f"true, or a factory ending in Refine(...)), but this {self.cfg.factory!r} index "
-                "does not. Hint: drop retrieve.shortlist, or rebuild the index"
+                "true or refine_residual, or a factory ending in Refine(...)), but this "
+                f"{self.cfg.factory!r} index does not. Hint: drop retrieve.shortlist, or "
+                "rebuild the index"
             )
         changes = {"nprobe": nprobe, "ef_search": ef_search, "shortlist": shortlist}
         self.cfg = replace(self.cfg, **{k: v for k, v in changes.items() if v is not None})
+
+    @property
+    def rescores_shortlist(self) -> bool:
+        """Whether a search re-scores a shortlist of candidates: from vectors.npy (`rerank`),
+        from residual codes (`refine_residual`) or inside faiss (`refines_in_memory`)."""
+        return self.cfg.rerank or self.refinement is not None or self.refines_in_memory
 
     @property
     def refines_in_memory(self) -> bool:
@@ -187,13 +206,14 @@ class PassageIndex:
 
     def candidates_for(self, k: int) -> int:
         """How many passages a search for the k best asks the faiss index for per query:
-        min(k, count), or with `rerank` min(shortlist, count) (an index that refines in RAM
-        fetches its shortlist itself and returns k).
+        min(k, count), or with `rerank` or `refine_residual` min(shortlist, count) (a faiss
+        factory that refines in RAM fetches its shortlist itself and returns k).
 
         Raises:
-            ConfigError: with a shortlist (`rerank`, or a refining factory) smaller than k.
+            ConfigError: with a shortlist (`rerank`, `refine_residual`, or a refining factory)
+                smaller than k.
         """
-        if not (self.cfg.rerank or self.refines_in_memory):
+        if not self.rescores_shortlist:
             return min(k, self.count)
         if self.cfg.shortlist < min(k, self.count):
             raise ConfigError(
@@ -225,7 +245,8 @@ class PassageIndex:
             index can find fewer than K passages for a query (IVF with a small nprobe): its
             list is then shorter and the missing scores are -inf. With `rerank`, the scores
             are exact (from the float16 vectors) and the passages the best K of the
-            compressed index's `shortlist` candidates.
+            compressed index's `shortlist` candidates; with `refine_residual`, the best K of
+            the shortlist by base score + the residual codes' (fid.retrieval.residual_refine).
 
         Raises:
             ValueError: for queries that are not (Q, D) with the index's D, or k < 1.
@@ -259,6 +280,9 @@ class PassageIndex:
                     if self.cfg.rerank:
                         # Exact scores of the chunk's shortlists: (C, k) each.
                         found, rows = rescore(self.vectors, chunk, rows, k, self.cfg.metric)
+                    elif self.refinement is not None:
+                        # Scores refined by the residual codes: (C, k) each.
+                        found, rows = self.refinement.rescore(chunk, found, rows, k)
                     parts.append((found, rows))
                     bar.update(len(chunk))
         finally:
@@ -271,8 +295,9 @@ class PassageIndex:
         return scores, RankedIds(np.where(found, rows, -1), self.ids)
 
     def save(self, folder: str | Path) -> None:
-        """Writes `index.faiss`, `ids.npy`, `meta.json` and, with `rerank`, `vectors.npy`
-        (float16, `add_batch_size` rows at a time) to `folder`, atomically.
+        """Writes `index.faiss`, `ids.npy`, `meta.json`, with `rerank` `vectors.npy` (float16,
+        `add_batch_size` rows at a time) and with `refine_residual` its codes and quantizers
+        to `folder`, atomically.
 
         Args:
             folder: replaced as a whole: a reader sees the old index, the new one or none.
@@ -287,6 +312,7 @@ class PassageIndex:
             "ef_search": self.cfg.ef_search,
             "rerank": self.cfg.rerank,
             "shortlist": self.cfg.shortlist,
+            "refine_residual": self.cfg.refine_residual,
             "faiss_version": faiss.__version__,
             "build_seconds": self.build_seconds,
         }
@@ -296,6 +322,8 @@ class PassageIndex:
                 np.save(handle, self.ids, allow_pickle=False)
             if self.cfg.rerank:
                 write_vectors(tmp / VECTORS_FILE, self.vectors, self.cfg.add_batch_size)
+            if self.refinement is not None:
+                self.refinement.save(tmp)
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         logger.info("saved %r to %s", self, folder)
 
@@ -378,12 +406,24 @@ class PassageIndex:
             ef_search=meta["ef_search"],
             rerank=rerank,
             shortlist=meta.get("shortlist", IndexConfig.shortlist),
+            refine_residual=meta.get("refine_residual"),
         )
         vectors = (
             open_vectors(folder / VECTORS_FILE, meta["count"], meta["dim"]) if rerank else None
         )
+        refinement = None
+        if cfg.refine_residual:
+            refinement = ResidualRefinement.load(
+                folder, cfg.refine_residual, meta["count"], meta["dim"]
+            )
         loaded = cls(
-            index, ids, cfg, meta["model"], build_seconds=meta.get("build_seconds"), vectors=vectors
+            index,
+            ids,
+            cfg,
+            meta["model"],
+            build_seconds=meta.get("build_seconds"),
+            vectors=vectors,
+            refinement=refinement,
         )
         logger.info("loaded %r from %s", loaded, folder)
         return loaded

@@ -146,10 +146,17 @@ def test_bad_accelerated_evaluations(tmp_path):
     _fails(tmp_path, config, "'$(x)' does not match")
 
 
-def test_a_shortlist_shorter_than_top_k_stops_before_the_index_is_built(tmp_path):
-    index = {"factory": "Flat", "rerank": True, "shortlist": 10}
+@pytest.mark.parametrize("rescoring", [{"rerank": True}, {"refine_residual": "PQ8"}])
+def test_a_shortlist_shorter_than_top_k_stops_before_the_index_is_built(tmp_path, rescoring):
+    index = {"factory": "IVF4,PQ4", "shortlist": 10, **rescoring}
     config = write_config(tmp_path / "c.yaml", DEMO, build_index=index)  # retrieve.top_k: 20
     _fails(tmp_path, config, "config key 'build_index.shortlist'", "retrieve.top_k = 20")
+
+
+def test_a_bad_residual_refinement_stops_before_anything_runs(tmp_path):
+    index = {"factory": "IVF4,PQ4", "refine_residual": "SQ8"}
+    config = write_config(tmp_path / "c.yaml", DEMO, build_index=index)
+    _fails(tmp_path, config, "refine_residual = 'SQ8' is not allowed", "'PQ<M>' or 'PQ<M>x<bits>'")
 
 
 _SLURM_MISTAKES = {
