@@ -129,11 +129,13 @@ class Choice:
     rerank: bool = False
     knobs: list[dict] = field(default_factory=lambda: [{}])  # set_search_params kwargs
     train_sample: int = TRAIN_SAMPLE
-    refine_residual: str | None = None  # build_index.refine_residual
+    refine_residual: str | int | None = None  # build_index.refine_residual
 
     @property
     def label(self) -> str:
         """The factory, and the residual stages after " +res" (as _analogue parses them)."""
+        if isinstance(self.refine_residual, int):
+            return f"{self.factory} +res({self.refine_residual} B)"
         return self.factory + (f" +res({self.refine_residual})" if self.refine_residual else "")
 
 
@@ -188,6 +190,15 @@ def _choices(d: int) -> dict[str, Choice]:
             f"{ivf},PQ{d // 8}", knobs=refined, refine_residual=f"PQ{d // 2}+PQ{d // 16}"
         ),
         "res_d3x10": Choice(f"{ivf},PQ{d // 24}", knobs=refined, refine_residual=f"PQ{d // 3}x10"),
+        # a byte budget, spread by the residual's variance: 9d/16 bytes (144 at 256) on PQ(d/8)
+        "res_budget": Choice(f"{ivf},PQ{d // 8}", knobs=refined, refine_residual=9 * d // 16),
+        # nq.yaml's base (d = 256 only) with the same budget in RAM instead of vectors.npy
+        "res_nq": Choice(
+            "OPQ32_256,IVF16384,PQ32",
+            knobs=[{"nprobe": 1024, "shortlist": 1000}, {"nprobe": 256, "shortlist": 1000}],
+            train_sample=16 * 16384,
+            refine_residual=144,
+        ),
         # nq.yaml's own default (d = 256 only: run with --project 256), its knobs included;
         # k-means on 16 points a list (nq.yaml trains on 40 at 21M: 655,360 points)
         "nq_default": Choice(
@@ -751,6 +762,10 @@ def _analogue(factory: str, d: int, base: int = 384) -> tuple[str, float]:
     (codes + the 8-byte id each IVF list entry stores; HNSW: 2 x 32 links of 4 bytes; an
     in-RAM refinement adds its own codes: SQ8 d, SQ4 d/2, SQfp16 2d bytes; residual stages
     their M x bits / 8 at M scaled with d)."""
+    if m := re.fullmatch(r"(.*) \+res\((\d+) B\)", factory):
+        base_factory, code = _analogue(m[1], d, base)
+        budget = int(int(m[2]) * d / base)  # the same bits a dimension
+        return f"{base_factory} +res({budget} B)", code + budget
     if m := re.fullmatch(r"(.*) \+res\((.*)\)", factory):
         base_factory, code = _analogue(m[1], d, base)
         stages = [re.fullmatch(r"PQ(\d+)(?:x(\d+))?", stage) for stage in m[2].split("+")]

@@ -17,6 +17,7 @@ from fid.errors import DataError
 from fid.retrieval.embeddings import save_embedding_shard
 from fid.retrieval.index import PassageIndex
 from fid.retrieval.index_build import build_passage_index
+from fid.retrieval.residual_refine import allocate
 
 MODEL = "tiny-retriever"
 
@@ -108,7 +109,16 @@ def test_residual_codes_keep_more_than_a_raw_refinement_of_the_same_bytes(tmp_pa
     index.save(tmp_path / "index")
     files = sorted(p.name for p in (tmp_path / "index").iterdir())
     quantizers = [f"refine_pq{i}.faiss" for i in range(len(stages.split("+")))]
-    assert files == sorted(["ids.npy", "index.faiss", "meta.json", "refine_codes.npy", *quantizers])
+    assert files == sorted(
+        [
+            "ids.npy",
+            "index.faiss",
+            "meta.json",
+            "refine_codes.npy",
+            "refine_layout.json",
+            *quantizers,
+        ]
+    )
     meta = json.loads((tmp_path / "index" / "meta.json").read_text())
     assert meta["refine_residual"] == stages
     loaded = PassageIndex.load(tmp_path / "index")
@@ -143,7 +153,9 @@ def test_the_shortlist_is_a_search_knob(tmp_path):
         ({"refine_residual": "PQ0"}, "refine_residual = 'PQ0' is not allowed"),
         ({"refine_residual": "PQ8x17"}, "(bits 1..16)"),
         ({"refine_residual": "PQ8+"}, "joined by '+'"),
-        ({"refine_residual": 8}, "refine_residual = 8 is not allowed"),
+        ({"refine_residual": True}, "refine_residual = True is not allowed"),
+        ({"refine_residual": 1.5}, "refine_residual = 1.5 is not allowed"),
+        ({"refine_residual": 0}, "refine_residual = 0 is out of range"),
         ({"refine_residual": "PQ8", "rerank": True}, "with rerank: true"),
         ({"refine_residual": "PQ8", "metric": "l2"}, "only inner_product is supported"),
     ],
@@ -163,6 +175,11 @@ def test_bad_refine_residual_settings(knobs, message):
         ("IVF16,PQ8x4fs", "PQ16", "does not score a passage by its inner product"),
         ("PCA16,IVF16,PQ4", "PQ16", "does not score a passage by its inner product"),
         ("HNSW8", "PQ16", "needs a base index that encodes and decodes passages"),
+        (
+            "IVF16,PQ4",
+            "PQ16x12",
+            "PQ16x12 trains 4096 centroids a sub-quantizer, but there are 2000",
+        ),
     ],
 )
 def test_a_base_index_that_cannot_be_refined_is_refused_before_the_build_adds(
@@ -174,35 +191,92 @@ def test_a_base_index_that_cannot_be_refined_is_refused_before_the_build_adds(
         build_passage_index(data, ids(2000), cfg, MODEL)
 
 
-def test_a_damaged_refinement_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("spec", ["PQ8+PQ8", 16])
+def test_a_damaged_refinement_is_a_clear_error(tmp_path, spec):
     data, _ = clustered(600, 32)
-    cfg = IndexConfig("IVF4,PQ4", train_sample=600, refine_residual="PQ8+PQ8")
+    cfg = IndexConfig("IVF4,PQ4", train_sample=600, refine_residual=spec)
     build_passage_index(data, ids(600), cfg, MODEL).save(tmp_path / "index")
     folder = tmp_path / "index"
     codes = np.load(folder / "refine_codes.npy")
-
-    (folder / "refine_pq1.faiss").rename(tmp_path / "pq1")
+    width = codes.shape[1]
+    names = [
+        "refine_layout.json",
+        "refine_pq1.faiss" if spec == "PQ8+PQ8" else "refine_rotation.npy",
+    ]
+    for name in names:
+        (folder / name).rename(tmp_path / name)
+        with pytest.raises(
+            DataError, match=f"{name}: missing; the index was built with refine_residual"
+        ):
+            PassageIndex.load(folder)
+        (tmp_path / name).rename(folder / name)
+    PassageIndex.load(folder)  # whole again
+    np.save(folder / "refine_codes.npy", codes[:-1])
     with pytest.raises(
-        DataError, match=r"refine_pq1.faiss: missing; the index was built with refine_residual"
+        DataError,
+        match=rf"holds uint8 \(599, {width}\), but the index expects uint8 \(600, {width}\)",
     ):
         PassageIndex.load(folder)
-    (tmp_path / "pq1").rename(folder / "refine_pq1.faiss")
-    np.save(folder / "refine_codes.npy", codes[:-1])
-    with pytest.raises(DataError, match=r"holds uint8 \(599, 16\).* expected uint8 \(600, 16\)"):
-        PassageIndex.load(folder)
-    (folder / "refine_codes.npy").write_bytes((tmp_path / "index" / "ids.npy").read_bytes()[:100])
+    (folder / "refine_codes.npy").write_bytes((folder / "ids.npy").read_bytes()[:100])
     with pytest.raises(DataError, match="refine_codes.npy: not a complete uint8 .npy array"):
         PassageIndex.load(folder)
-    (folder / "refine_codes.npy").unlink()
-    with pytest.raises(DataError, match="refine_codes.npy: missing"):
-        PassageIndex.load(folder)
-    # a stage file of another quantizer
     np.save(folder / "refine_codes.npy", codes)
+    (folder / "refine_layout.json").write_text('{"stages": 3}')
+    with pytest.raises(DataError, match=r"refine_layout.json: expected \{'rotation': bool"):
+        PassageIndex.load(folder)
+    # a stage file of another quantizer than the layout says
+    layout = {"rotation": spec == 16, "stages": [[0, 32, 8, 8]]}
+    (folder / "refine_layout.json").write_text(json.dumps(layout))
     faiss.write_ProductQuantizer(faiss.ProductQuantizer(32, 4, 8), str(folder / "refine_pq0.faiss"))
     with pytest.raises(
-        DataError, match="refine_pq0.faiss: a PQ4x8 of d=32, but the index says stage 0"
+        DataError,
+        match="refine_pq0.faiss: a PQ4x8 of d=32, but refine_layout.json says stage 0 is PQ8x8",
     ):
         PassageIndex.load(folder)
+
+
+def test_a_budget_spreads_its_bits_by_variance():
+    """Reverse water-filling: on axes whose variance falls 1000x, the strongest get the most
+    bits a dimension, the layout covers every axis once, in order, and the codes fit the budget
+    (and use most of it); a budget under 0.5 bit a dimension is refused."""
+    variances = np.logspace(0, -3, 256)
+    for budget in (32, 96, 144, 200):
+        layout = allocate(variances, budget)
+        assert [lo for lo, _, _, _ in layout] == [0] + [hi for _, hi, _, _ in layout[:-1]]
+        assert layout[-1][1] == 256
+        rates = [m * bits / (hi - lo) for lo, hi, m, bits in layout]
+        assert rates == sorted(rates, reverse=True) and rates[0] > rates[-1]
+        used = sum((m * bits + 7) // 8 for _, _, m, bits in layout)
+        assert 0.9 * budget <= used <= budget, (budget, used, layout)
+    assert allocate(np.ones(256), 128) == [(0, 256, 128, 8)]  # flat: 4 bits each, one stage
+    with pytest.raises(
+        ConfigError,
+        match=r"refine_residual = 15 bytes is below the coarsest coding of d=256 \(16 bytes",
+    ):
+        allocate(variances, 15)
+
+
+def test_a_budget_rotates_and_still_gives_flats_top_k_when_exact(tmp_path):
+    """A byte budget codes the residual in its principal axes: with bytes enough for 8 bits on
+    every axis (a 256-level quantizer for each axis's 256 values: exact), the rotated scores are
+    Flat's (the rotation is orthonormal), built and after save / load with its rotation."""
+    n, d = 256, 8
+    data, queries = clustered(n, d, seed=1, spread=0.5)
+    flat_scores, flat_ranked = build_passage_index(data, ids(n), IndexConfig(), MODEL).search_rows(
+        queries, 10
+    )
+    cfg = IndexConfig("IVF2,PQ2x4", nprobe=2, train_sample=n, shortlist=n, refine_residual=d)
+    index = build_passage_index(data, ids(n), cfg, MODEL)
+    assert index.refinement.layout == [(0, d, d, 8)]
+    rotation = index.refinement.rotation
+    np.testing.assert_allclose(rotation.T @ rotation, np.eye(d), atol=1e-5)
+    assert not np.allclose(np.abs(rotation), np.eye(d), atol=0.1)  # a real rotation
+    index.save(tmp_path / "index")
+    assert (tmp_path / "index" / "refine_rotation.npy").is_file()
+    for searched in (index, PassageIndex.load(tmp_path / "index")):
+        scores, ranked = searched.search_rows(queries, 10)
+        np.testing.assert_array_equal(ranked.rows, flat_ranked.rows)
+        np.testing.assert_allclose(scores, flat_scores, rtol=1e-5, atol=1e-5)
 
 
 def test_fid_build_index_and_retrieve_knobs_from_the_command_line(tmp_path):

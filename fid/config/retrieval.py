@@ -294,9 +294,9 @@ def parse_refine_stages(spec: str) -> list[tuple[int, int]]:
         bits = int(match[2] or 8) if match else 0
         if not isinstance(spec, str) or not match or not 1 <= bits <= 16:
             raise ConfigError(
-                f"refine_residual = {spec!r} is not allowed: expected product-quantizer stages "
-                "'PQ<M>' or 'PQ<M>x<bits>' (bits 1..16) joined by '+', e.g. 'PQ128', "
-                "'PQ128x10' or 'PQ64+PQ64'"
+                f"refine_residual = {spec!r} is not allowed: expected a byte budget a passage "
+                "(an integer, e.g. 144) or product-quantizer stages 'PQ<M>' or 'PQ<M>x<bits>' "
+                "(bits 1..16) joined by '+', e.g. 'PQ128', 'PQ128x10' or 'PQ64+PQ64'"
             )
         stages.append((int(match[1]), bits))
     return stages
@@ -330,12 +330,13 @@ class IndexConfig:
             shortlist with them, no vectors.npy and no disk read per search (faiss's
             k_factor = shortlist / top_k); not with `rerank`. Also the shortlist re-scored with
             `refine_residual`.
-        refine_residual: product-quantizer stages ("PQ128", "PQ128x10", "PQ64+PQ64") that code
-            what the factory's own codes miss of each passage; a search re-scores the
-            shortlist from them in RAM (fid.retrieval.residual_refine): no vectors.npy, no
-            disk read, finer than a Refine(...) of the same bytes. For an IVF with PQ or SQ
-            codes ("IVF16384,PQ32", "OPQ32_256,IVF16384,PQ32") and inner_product; not with
-            `rerank`.
+        refine_residual: codes of what the factory's own codes miss of each passage, held in
+            RAM, from which a search re-scores the shortlist (fid.retrieval.residual_refine):
+            no vectors.npy, no disk read, finer than a Refine(...) of the same bytes. A byte
+            budget a passage (e.g. 144: spread over the residual's principal axes by their
+            variance) or product-quantizer stages ("PQ128", "PQ128x10", "PQ64+PQ64"). For an
+            IVF with PQ or SQ codes ("IVF16384,PQ32", "OPQ32_256,IVF16384,PQ32") and
+            inner_product; not with `rerank`.
     """
 
     factory: str = "Flat"
@@ -347,7 +348,7 @@ class IndexConfig:
     seed: int = 0
     rerank: bool = False
     shortlist: int = 1000
-    refine_residual: str | None = None
+    refine_residual: int | str | None = None
 
     def __post_init__(self):
         if not isinstance(self.factory, str) or not self.factory.strip():
@@ -367,7 +368,9 @@ class IndexConfig:
         if not isinstance(self.rerank, bool):
             raise ConfigError(f"rerank = {self.rerank!r} is not allowed: expected true or false")
         check_range("shortlist", self.shortlist, low=1)
-        if self.refine_residual is not None:
+        if isinstance(self.refine_residual, int) and not isinstance(self.refine_residual, bool):
+            check_range("refine_residual", self.refine_residual, low=1)
+        elif self.refine_residual is not None:
             parse_refine_stages(self.refine_residual)
             if self.rerank:
                 raise ConfigError(

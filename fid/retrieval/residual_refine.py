@@ -3,12 +3,22 @@
 
 A compressed index (e.g. "IVF16384,PQ32") reconstructs each passage x as x1 = its list's
 centroid plus its PQ-coded residual, and scores it q . x1. Here every passage also keeps the
-codes of what x1 misses, r = x - x1, quantized by one product quantizer or several in turn
-(stages "PQ128", "PQ128x10", "PQ64+PQ64": each stage codes what the stages before it missed).
-A search takes the base index's `shortlist` candidates with their scores q . x1 and re-scores
-them as q . x1 + q . r^, r^ the decoded stages: the inner product with a reconstruction that is
-finer than either the base codes or a refinement of the raw vector of the same bytes, because
-r is a much shorter vector than x (config/README.md, "Compact codes in RAM", measures it).
+codes of what x1 misses, r = x - x1. A search takes the base index's `shortlist` candidates
+with their scores q . x1 and re-scores them as q . x1 + q . r^, r^ the decoded codes: the inner
+product with a reconstruction finer than either the base codes or a refinement of the raw
+vector of the same bytes, because r is a much shorter vector than x (config/README.md,
+"Residual codes in RAM", measures it).
+
+How r is coded (`refine_residual`):
+  * a byte budget (an int, e.g. 144): r is rotated onto its principal axes (of the training
+    sample's residuals; orthonormal, so q . r = (q U) . (r U)) and the bits are spread over
+    the axes by reverse water-filling: an axis of variance v gets ~0.5 log2(v / theta) bits,
+    theta set so that the codes fit the budget, each group of GROUP axes rounded to the nearest
+    rate a product quantizer offers (RATES: 1 dim a sub-quantizer at 6-8 bits, 2 at 6-10, 4,
+    8 or 16 at 8). The residual's variance falls ~70x from its first axis to its last (1M
+    passages, d = 256): the same bits spent evenly leave the strong axes coarse;
+  * product-quantizer stages ("PQ128", "PQ128x10", "PQ64+PQ64"): each stage codes, over all
+    dimensions, what the stages before it missed; no rotation.
 
 Why not faiss: its two-stage residual index (IndexIVFPQR, factory "IVF4096,PQ32+96") is built
 only for the L2 metric ("IVFPQR not implemented for inner product search", faiss 1.15), and its
@@ -24,7 +34,9 @@ on the built index and refuses others.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +51,13 @@ logger = logging.getLogger(__name__)
 
 CODES_FILE = "refine_codes.npy"
 QUANTIZER_FILE = "refine_pq{stage}.faiss"
+LAYOUT_FILE = "refine_layout.json"
+ROTATION_FILE = "refine_rotation.npy"
+
+# A byte budget's rates: (dimensions a sub-quantizer, bits a code), i.e. bits a dimension
+# 8, 7, 6, 5, 4, 3, 2, 1, 0.5; a group of GROUP consecutive axes shares one.
+RATES = ((1, 8), (1, 7), (1, 6), (2, 10), (2, 8), (2, 6), (4, 8), (8, 8), (16, 8))
+GROUP = 16
 
 # Candidate rows decoded at a time: 32768 x 256 x 4 B = 33 MB of reconstructed residuals at
 # d = 256; a group holds max(1, GATHER_ROWS // shortlist) queries.
@@ -48,70 +67,173 @@ GATHER_ROWS = 32768
 BASE_SCORE_TOLERANCE = 1e-4
 
 
-def code_bytes(spec: str) -> int:
-    """Bytes of residual codes a passage: the sum of the stages' ceil(M x bits / 8)."""
+def code_bytes(spec: str | int) -> int:
+    """Bytes of residual codes a passage, at most: a budget itself, or the sum of the stages'
+    ceil(M x bits / 8)."""
+    if isinstance(spec, int):
+        return spec
     return sum((m * bits + 7) // 8 for m, bits in parse_refine_stages(spec))
+
+
+# A stage of the layout: a product quantizer of M sub-quantizers of `bits` over dimensions
+# [lo, hi) of the (rotated) residual.
+Layout = list[tuple[int, int, int, int]]  # (lo, hi, M, bits) each
+
+
+def allocate(variances: np.ndarray, budget: int, max_bits: int = 16) -> Layout:
+    """Reverse water-filling of `budget` bytes over axes of these variances (largest first):
+    the layout of disjoint stages, consecutive groups of the same rate merged; codes of at most
+    `max_bits` (k-means needs a training vector per centroid).
+
+    Raises:
+        ConfigError: for a budget below the smallest rate's (0.5 bit a dimension).
+    """
+    dim = len(variances)
+    group = math.gcd(dim, GROUP)
+    rates = [(dsub, bits) for dsub, bits in RATES if group % dsub == 0 and bits <= max_bits]
+    strength = np.maximum(variances.reshape(-1, group).mean(axis=1), 1e-30)  # (groups,)
+
+    def pick(theta: float) -> list[tuple[int, int]]:
+        wanted = 0.5 * np.log2(strength / theta)  # bits a dimension, per group
+        return [min(rates, key=lambda r: abs(r[1] / r[0] - w)) for w in wanted]
+
+    def layout(chosen) -> Layout:
+        stages, start = [], 0
+        for g in range(1, len(chosen) + 1):
+            if g == len(chosen) or chosen[g] != chosen[start]:
+                dsub, bits = chosen[start]
+                lo, hi = start * group, g * group
+                stages.append((lo, hi, (hi - lo) // dsub, bits))
+                start = g
+        return stages
+
+    def cost(stages: Layout) -> int:
+        return sum((m * bits + 7) // 8 for _, _, m, bits in stages)
+
+    coarsest = layout([min(rates, key=lambda r: r[1] / r[0])] * len(strength))
+    if cost(coarsest) > budget:
+        raise ConfigError(
+            f"refine_residual = {budget} bytes is below the coarsest coding of d={dim} "
+            f"({cost(coarsest)} bytes: 0.5 bit a dimension). Hint: at least {cost(coarsest)}"
+        )
+    # log theta between "every group at the finest rate" and "every group at the coarsest"
+    low, high = np.log2(strength.min()) - 20, np.log2(strength.max()) + 2
+    for _ in range(60):
+        middle = (low + high) / 2
+        if cost(layout(pick(2.0**middle))) > budget:
+            low = middle
+        else:
+            high = middle
+    return layout(pick(2.0**high))
 
 
 @dataclass
 class ResidualRefinement:
-    """The stages' quantizers and every passage's codes.
+    """How the residuals are coded, and every passage's codes.
 
     Attributes:
-        spec: the stages, as `build_index.refine_residual` names them.
+        spec: `build_index.refine_residual`: a byte budget or product-quantizer stages.
+        rotation: (D, D) float32 whose columns are the residual's principal axes (a budget),
+            or None (stages).
+        layout: each stage's (lo, hi, M, bits): its product quantizer's dimensions of the
+            (rotated) residual.
         quantizers: one trained faiss.ProductQuantizer per stage.
-        codes: (N, code_bytes) uint8, each row the stages' codes side by side; in RAM.
+        codes: (N, sum of the stages' code sizes) uint8, the stages' codes side by side; in RAM.
     """
 
-    spec: str
+    spec: str | int
+    rotation: np.ndarray | None
+    layout: Layout
     quantizers: list[faiss.ProductQuantizer]
     codes: np.ndarray
 
     @classmethod
-    def train(cls, spec: str, base: faiss.Index, sample: np.ndarray) -> ResidualRefinement:
-        """Trains each stage on what the base index and the stages before it miss of `sample`
-        ((S, D) float32), in turn.
+    def train(cls, spec: str | int, base: faiss.Index, sample: np.ndarray) -> ResidualRefinement:
+        """Lays out and trains the stages on what the base index misses of `sample` ((S, D)
+        float32), each stage on what the stages before it missed.
 
         Raises:
             ConfigError: for a base index that cannot encode and decode (faiss's sa_encode:
-                e.g. HNSW), or a stage whose M does not divide D.
+                e.g. HNSW), a stage whose M does not divide D, or a budget too small for D.
         """
         dim = sample.shape[1]
-        quantizers = []
-        residual = _base_residual(base, sample)
-        for m, bits in parse_refine_stages(spec):
-            if dim % m:
+        residual = _base_residual(base, sample)  # (S, D)
+        rotation = None
+        if isinstance(spec, int):
+            # principal axes of the residuals (uncentred: inner products are preserved)
+            variances, axes = np.linalg.eigh(residual.T @ residual / len(residual))
+            order = np.argsort(-variances)
+            rotation = np.ascontiguousarray(axes[:, order], np.float32)
+            layout = allocate(variances[order], spec, max_bits=int(np.log2(len(residual))))
+            logger.info(
+                "refine_residual = %d bytes: %s (%d bytes)",
+                spec,
+                ", ".join(f"dims {lo}-{hi - 1}: PQ{m}x{bits}" for lo, hi, m, bits in layout),
+                sum((m * bits + 7) // 8 for _, _, m, bits in layout),
+            )
+        else:
+            layout = []
+            for m, bits in parse_refine_stages(spec):
+                if dim % m:
+                    raise ConfigError(
+                        f"refine_residual = {spec!r}: PQ{m} needs a dimension divisible by {m}, "
+                        f"the embeddings have d={dim}. Hint: use a divisor of {dim} (e.g. "
+                        f"PQ{dim // 2}), or a byte budget (e.g. refine_residual: {dim // 2})"
+                    )
+                layout.append((0, dim, m, bits))
+        for _, _, m, bits in layout:
+            if 2**bits > len(residual):
                 raise ConfigError(
-                    f"refine_residual = {spec!r}: PQ{m} needs a dimension divisible by {m}, the "
-                    f"embeddings have d={dim}. Hint: use a divisor of {dim} (e.g. PQ{dim // 2})"
+                    f"refine_residual = {spec!r}: PQ{m}x{bits} trains {2**bits} centroids a "
+                    f"sub-quantizer, but there are {len(residual)} training vectors. Hint: raise "
+                    "train_sample, or use fewer bits"
                 )
-            quantizer = faiss.ProductQuantizer(dim, m, bits)
-            quantizer.train(residual)
-            residual = residual - quantizer.decode(quantizer.compute_codes(residual))
-            quantizers.append(quantizer)
-        codes = np.empty((0, code_bytes(spec)), np.uint8)
-        return cls(spec, quantizers, codes)
+        quantizers = [faiss.ProductQuantizer(hi - lo, m, bits) for lo, hi, m, bits in layout]
+        refinement = cls(spec, rotation, layout, quantizers, np.empty((0, 0), np.uint8))
+        refinement._code(residual, train=True)
+        refinement.codes = np.empty((0, refinement.code_size), np.uint8)
+        return refinement
+
+    @property
+    def code_size(self) -> int:
+        """Bytes of codes a passage."""
+        return sum(quantizer.code_size for quantizer in self.quantizers)
 
     def encode(self, base: faiss.Index, batch: np.ndarray) -> np.ndarray:
-        """The stages' codes of (B, D) float32 `batch`: (B, code_bytes) uint8."""
-        residual = _base_residual(base, batch)
+        """The stages' codes of (B, D) float32 `batch`: (B, code_size) uint8."""
+        return self._code(_base_residual(base, batch))
+
+    def _code(self, residual: np.ndarray, train: bool = False) -> np.ndarray:
+        """Codes (B, D) residuals stage by stage, each stage (trained first if `train`) coding
+        its dimensions of what the stages before it missed."""
+        if self.rotation is not None:
+            residual = residual @ self.rotation
+        residual = np.array(residual, np.float32)  # a copy, modified below
         parts = []
-        for quantizer in self.quantizers:
-            stage = quantizer.compute_codes(residual)  # (B, code_size)
-            residual = residual - quantizer.decode(stage)
+        for (lo, hi, _, _), quantizer in zip(self.layout, self.quantizers, strict=True):
+            mine = np.ascontiguousarray(residual[:, lo:hi])
+            if train:
+                quantizer.train(mine)
+            stage = quantizer.compute_codes(mine)  # (B, code_size)
+            residual[:, lo:hi] -= quantizer.decode(stage)
             parts.append(stage)
         return np.concatenate(parts, axis=1)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """(n, code_bytes) uint8 -> (n, D) float32: the sum of the stages' reconstructions."""
-        total, start = None, 0
-        for quantizer in self.quantizers:
-            stage = quantizer.decode(
-                np.ascontiguousarray(codes[:, start : start + quantizer.code_size])
-            )
-            total = stage if total is None else total + stage
+        """(n, code_size) uint8 -> (n, D) float32: the coded residuals, in the rotated space
+        (`rotate` the queries to score them)."""
+        dim = self.layout[0][1] if self.rotation is None else len(self.rotation)
+        total = np.zeros((len(codes), dim), np.float32)
+        start = 0
+        for (lo, hi, _, _), quantizer in zip(self.layout, self.quantizers, strict=True):
+            part = np.ascontiguousarray(codes[:, start : start + quantizer.code_size])
+            total[:, lo:hi] += quantizer.decode(part)
             start += quantizer.code_size
         return total
+
+    def rotate(self, queries: np.ndarray) -> np.ndarray:
+        """(Q, D) queries in the space `decode` returns residuals in."""
+        return queries if self.rotation is None else queries @ self.rotation
 
     def check_base(self, base: faiss.Index, factory: str, queries, rows, vectors) -> None:
         """Refuses a base index whose score of a passage is not q . x1 (x1 its decoded code):
@@ -167,6 +289,7 @@ class ResidualRefinement:
         """
         n_queries, shortlist = candidates.shape
         k = min(k, shortlist)
+        rotated = self.rotate(queries)  # (Q, D)
         best = np.full((n_queries, k), -np.inf, dtype=np.float32)
         picked = np.full((n_queries, k), -1, dtype=np.int64)
         step = max(1, GATHER_ROWS // max(1, shortlist))
@@ -177,7 +300,7 @@ class ResidualRefinement:
             query_of = np.nonzero(found)[0]  # the query (within the group) of each found row
             refined = np.full(found.shape, -np.inf, dtype=np.float32)  # (B, S)
             refined[found] = scores[part][found] + np.einsum(
-                "nd,nd->n", residuals, queries[part][query_of]
+                "nd,nd->n", residuals, rotated[part][query_of]
             )
             order = np.argsort(-refined, axis=1, kind="stable")[:, :k]  # (B, k)
             best[part] = np.take_along_axis(refined, order, axis=1)
@@ -187,54 +310,84 @@ class ResidualRefinement:
         return best, picked
 
     def save(self, folder: Path) -> None:
-        """Writes `refine_codes.npy` and one `refine_pq<i>.faiss` per stage into `folder`."""
+        """Writes `refine_codes.npy`, `refine_layout.json`, one `refine_pq<i>.faiss` per stage
+        and, for a budget, `refine_rotation.npy` into `folder`."""
         with open(folder / CODES_FILE, "wb") as handle:
             np.save(handle, self.codes, allow_pickle=False)
         for stage, quantizer in enumerate(self.quantizers):
             faiss.write_ProductQuantizer(
                 quantizer, str(folder / QUANTIZER_FILE.format(stage=stage))
             )
+        if self.rotation is not None:
+            with open(folder / ROTATION_FILE, "wb") as handle:
+                np.save(handle, self.rotation, allow_pickle=False)
+        layout = {"rotation": self.rotation is not None, "stages": self.layout}
+        (folder / LAYOUT_FILE).write_text(json.dumps(layout) + "\n")
 
     @classmethod
-    def load(cls, folder: Path, spec: str, count: int, dim: int) -> ResidualRefinement:
+    def load(cls, folder: Path, spec: str | int, count: int, dim: int) -> ResidualRefinement:
         """Reads what `save` wrote, the codes into RAM (a search reads nothing from disk).
 
         Raises:
             DataError: for a missing or truncated file, or files that disagree with the index.
         """
         hint = "Hint: rebuild the index with `fid build-index`"
-        stages = parse_refine_stages(spec)
-        quantizers = []
-        for stage, (m, bits) in enumerate(stages):
-            path = folder / QUANTIZER_FILE.format(stage=stage)
+
+        def required(name: str) -> Path:
+            path = folder / name
             if not path.is_file():
                 raise DataError(
                     f"{path}: missing; the index was built with refine_residual. {hint}"
                 )
+            return path
+
+        from fid.text_files import read_json
+
+        saved = read_json(required(LAYOUT_FILE), "a residual refinement's layout (json)")
+        try:
+            layout = [tuple(int(v) for v in stage) for stage in saved["stages"]]
+            rotated = bool(saved["rotation"])
+            assert all(len(stage) == 4 for stage in layout) and layout
+        except (KeyError, TypeError, ValueError, AssertionError):
+            raise DataError(
+                f"{folder / LAYOUT_FILE}: expected {{'rotation': bool, 'stages': [[lo, hi, M, "
+                f"bits], ...]}}. {hint}"
+            ) from None
+        quantizers = []
+        for stage, (lo, hi, m, bits) in enumerate(layout):
+            path = required(QUANTIZER_FILE.format(stage=stage))
             try:
                 quantizer = faiss.read_ProductQuantizer(str(path))
             except RuntimeError as error:
                 raise DataError(f"{path}: cannot read: {error}. {hint}") from None
-            if (quantizer.d, quantizer.M, quantizer.nbits) != (dim, m, bits):
+            if (quantizer.d, quantizer.M, quantizer.nbits) != (hi - lo, m, bits) or hi > dim:
                 raise DataError(
-                    f"{path}: a PQ{quantizer.M}x{quantizer.nbits} of d={quantizer.d}, but the "
-                    f"index says stage {stage} of {spec!r} at d={dim}. {hint}"
+                    f"{path}: a PQ{quantizer.M}x{quantizer.nbits} of d={quantizer.d}, but "
+                    f"{LAYOUT_FILE} says stage {stage} is PQ{m}x{bits} over dimensions {lo}-"
+                    f"{hi - 1} of d={dim}. {hint}"
                 )
             quantizers.append(quantizer)
-        path = folder / CODES_FILE
-        if not path.is_file():
-            raise DataError(f"{path}: missing; the index was built with refine_residual. {hint}")
-        try:
-            codes = np.load(path, allow_pickle=False)
-        except ValueError as error:  # not a .npy, or shorter than its header says
-            raise DataError(f"{path}: not a complete uint8 .npy array: {error}. {hint}") from None
-        expected = (count, code_bytes(spec))
-        if codes.dtype != np.uint8 or codes.shape != expected:
-            raise DataError(
-                f"{path}: holds {codes.dtype} {codes.shape}, but the index has {count} passages "
-                f"with {spec!r} codes: expected uint8 {expected}. {hint}"
-            )
-        return cls(spec, quantizers, codes)
+        rotation = None
+        if rotated:
+            rotation = _load_array(required(ROTATION_FILE), np.float32, (dim, dim), hint)
+        code_size = sum(quantizer.code_size for quantizer in quantizers)
+        codes = _load_array(required(CODES_FILE), np.uint8, (count, code_size), hint)
+        return cls(spec, rotation, layout, quantizers, codes)
+
+
+def _load_array(path: Path, dtype, shape: tuple[int, int], hint: str) -> np.ndarray:
+    """A whole .npy of this dtype and shape, in RAM."""
+    try:
+        array = np.load(path, allow_pickle=False)
+    except ValueError as error:  # not a .npy, or shorter than its header says
+        name = np.dtype(dtype).name
+        raise DataError(f"{path}: not a complete {name} .npy array: {error}. {hint}") from None
+    if array.dtype != dtype or array.shape != shape:
+        raise DataError(
+            f"{path}: holds {array.dtype} {array.shape}, but the index expects "
+            f"{np.dtype(dtype).name} {shape}. {hint}"
+        )
+    return array
 
 
 def _base_residual(base: faiss.Index, vectors: np.ndarray) -> np.ndarray:
