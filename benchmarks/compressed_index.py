@@ -192,6 +192,9 @@ def _choices(d: int) -> dict[str, Choice]:
         "res_d3x10": Choice(f"{ivf},PQ{d // 24}", knobs=refined, refine_residual=f"PQ{d // 3}x10"),
         # a byte budget, spread by the residual's variance: 9d/16 bytes (144 at 256) on PQ(d/8)
         "res_budget": Choice(f"{ivf},PQ{d // 8}", knobs=refined, refine_residual=9 * d // 16),
+        # 8 GB at 21M x 768 (380 B a passage): PQ(d/12) + 25d/64 bytes, 372 B with the id at
+        # 768; measured at d = 384 (PQ32 + 150 B)
+        "res_budget_8gb": Choice(f"{ivf},PQ{d // 12}", knobs=refined, refine_residual=25 * d // 64),
         # nq.yaml's base (d = 256 only) with the same budget in RAM instead of vectors.npy
         "res_nq": Choice(
             "OPQ32_256,IVF16384,PQ32",

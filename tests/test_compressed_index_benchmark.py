@@ -77,3 +77,24 @@ def test_questions_whose_runner_up_is_too_close_are_not_asked(bench):
     asked, scores = bench._answered_first(real, queries, [[0], [0]])
     assert asked.tolist() == [True, False]  # 1e-6 of the score apart: rounding could swap them
     assert scores[0] == pytest.approx(1.0)
+
+
+def test_the_21m_state_of_residual_refinements_counts_their_codes(bench):
+    """The extrapolation to 21M counts a refine_residual's codes with the base's and the id:
+    a budget scales with d (the same bits a dimension), stages' sub-quantizers too."""
+    assert bench._analogue("IVF1024,PQ32 +res(144 B)", 256, 256) == (
+        "IVF16384,PQ32 +res(144 B)",
+        32 + 8 + 144,
+    )
+    assert bench._analogue("IVF1024,PQ32 +res(150 B)", 768, 384) == (
+        "IVF16384,PQ64 +res(300 B)",
+        64 + 8 + 300,
+    )
+    assert bench._analogue("IVF1024,PQ16 +res(PQ128x10)", 256, 256) == (
+        "IVF16384,PQ16 +res(PQ128x10)",
+        16 + 8 + 160,
+    )
+    assert bench._analogue("IVF1024,PQ32 +res(PQ128+PQ16)", 768, 256)[1] == 96 + 8 + 384 + 48
+    choice = bench._choices(256)["res_budget"]
+    assert (choice.factory, choice.refine_residual) == ("IVF1024,PQ32", 144)
+    assert choice.label == "IVF1024,PQ32 +res(144 B)"
