@@ -195,6 +195,14 @@ def _choices(d: int) -> dict[str, Choice]:
         # 8 GB at 21M x 768 (380 B a passage): PQ(d/12) + 25d/64 bytes, 372 B with the id at
         # 768; measured at d = 384 (PQ32 + 150 B)
         "res_budget_8gb": Choice(f"{ivf},PQ{d // 12}", knobs=refined, refine_residual=25 * d // 64),
+        # the same at 8 GB for 21M x 768 (OPQ64_768,IVF16384,PQ64 + 300 B = 372 B a passage),
+        # measured at d = 384 (OPQ32_384,IVF16384,PQ32 + 150 B)
+        "res_nq_8gb": Choice(
+            f"OPQ{d // 12}_{d},IVF16384,PQ{d // 12}",
+            knobs=[{"nprobe": 256, "shortlist": 1000}, {"nprobe": 64, "shortlist": 1000}],
+            train_sample=16 * 16384,
+            refine_residual=25 * d // 64,
+        ),
         # nq.yaml's base (d = 256 only) with the same budget in RAM instead of vectors.npy
         "res_nq": Choice(
             "OPQ32_256,IVF16384,PQ32",

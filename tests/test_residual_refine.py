@@ -4,6 +4,7 @@ shortlist re-scored in RAM from codes of what its own codes miss."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -301,3 +302,15 @@ def test_fid_build_index_and_retrieve_knobs_from_the_command_line(tmp_path):
     np.testing.assert_array_equal(
         loaded.search_rows(queries, 10)[1].rows, here.search_rows(queries, 10)[1].rows
     )
+
+
+def test_an_exact_factory_has_nothing_to_refine(caplog):
+    """On Flat the residual is zero: the codes only cost memory (a warning), the ranking is
+    Flat's."""
+    data, queries = clustered(600, 32)
+    flat = build_passage_index(data, ids(600), IndexConfig(), MODEL).search_rows(queries, 10)[1]
+    cfg = IndexConfig("Flat", refine_residual="PQ8", shortlist=50, train_sample=600)
+    with caplog.at_level(logging.WARNING):
+        index = build_passage_index(data, ids(600), cfg, MODEL)
+    assert "the index's codes are exact (nothing is left to refine)" in caplog.text
+    np.testing.assert_array_equal(index.search_rows(queries, 10)[1].rows, flat.rows)

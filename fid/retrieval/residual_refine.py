@@ -158,6 +158,12 @@ class ResidualRefinement:
         """
         dim = sample.shape[1]
         residual = _base_residual(base, sample)  # (S, D)
+        if not residual.any():
+            logger.warning(
+                "refine_residual = %r: the index's codes are exact (nothing is left to refine); "
+                "its codes only cost memory",
+                spec,
+            )
         rotation = None
         if isinstance(spec, int):
             # principal axes of the residuals (uncentred: inner products are preserved)
