@@ -68,7 +68,11 @@ principal directions), where `nq_default` is nq.yaml's own factory and knobs.
     python benchmarks/compressed_index.py --project 256 --choices flat nq_default nq_default_refine_pq64
     python benchmarks/compressed_index.py --size 200000 --project 256 --choices flat ivf_pq_d2 ivf_sq4
 
-The ivf_* choices (issue 30 item 3) hold compact residual codes in RAM with no refinement;
+The ivf_* choices (issue 30 item 3) hold compact residual codes in RAM with no refinement; the
+res_* choices add `build_index.refine_residual` (codes of what the base index's codes miss,
+in RAM, re-scoring the shortlist): `res_nq` is nq.yaml's base with a 144-byte budget (run with
+--project 256), `res_nq_8gb` its 8 GB-at-768 analogue (run at d = 384);
+    python benchmarks/compressed_index.py --project 256 --choices flat res_budget res_nq
 while a run goes, each setting's kept @20 / @100 is printed as it is measured.
 """
 
