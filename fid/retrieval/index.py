@@ -5,8 +5,9 @@ A `PassageIndex` folder holds `index.faiss` (`faiss.write_index`), `ids.npy` (ro
 index is passage `ids[i]`), `meta.json` (dim, metric, count, model, factory, search knobs,
 faiss version, build time) and, for an index built with `rerank: true`, `vectors.npy`: every
 passage vector as float16, memory-mapped when loaded (fid.retrieval.rerank); for one built with
-`refine_residual`, `refine_codes.npy` and `refine_pq<i>.faiss`, the residual codes that
-re-score a shortlist in RAM (fid.retrieval.residual_refine).
+`refine_residual`, `refine_codes.npy`, `refine_pq<i>.faiss`, `refine_layout.json` and (for a
+byte budget) `refine_rotation.npy`: the residual codes that re-score a shortlist in RAM
+(fid.retrieval.residual_refine).
 
 Any faiss `index_factory` string can be built ("Flat", "HNSW32", "IVF4096,PQ64", "SQ8", ...); see
 https://github.com/facebookresearch/faiss/wiki/The-index-factory and, for choosing one,

@@ -28,8 +28,9 @@ cross term needs x1 itself); faiss's IVFPQR serves l2.
 
 The base index must score a passage by the inner product with its own decoded code (IVF with
 PQ or SQ codes, optionally behind an orthonormal OPQ rotation: yes; fast-scan PQ, whose lookup
-tables are rounded to 8 bits, or a PCA: no). `ResidualRefinement.check_base` tests exactly that
-on the built index and refuses others.
+tables are rounded to 8 bits, or a PCA: no). `ResidualRefinement.check_base` tests exactly that,
+on a copy of the trained index holding a few sample passages, before the build adds any, and
+refuses others.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ class ResidualRefinement:
                 )
         quantizers = [faiss.ProductQuantizer(hi - lo, m, bits) for lo, hi, m, bits in layout]
         refinement = cls(spec, rotation, layout, quantizers, np.empty((0, 0), np.uint8))
-        refinement._code(residual, train=True)
+        refinement._code(residual, train=True)  # (the sample's own codes are not kept)
         refinement.codes = np.empty((0, refinement.code_size), np.uint8)
         return refinement
 
