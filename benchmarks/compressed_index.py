@@ -207,6 +207,14 @@ def _choices(d: int) -> dict[str, Choice]:
             train_sample=16 * 16384,
             refine_residual=25 * d // 64,
         ),
+        # the same bytes moved from the base to the residual: OPQ16_384,IVF16384,PQ16 + 164 B
+        # at d = 384 (OPQ32_768,IVF16384,PQ32 + 328 B = 368 B a passage at 768)
+        "res_nq_8gb_lean": Choice(
+            f"OPQ{d // 24}_{d},IVF16384,PQ{d // 24}",
+            knobs=[{"nprobe": 64, "shortlist": 1000}],
+            train_sample=16 * 16384,
+            refine_residual=41 * d // 96,
+        ),
         # nq.yaml's base (d = 256 only) with the same budget in RAM instead of vectors.npy
         "res_nq": Choice(
             "OPQ32_256,IVF16384,PQ32",
