@@ -159,6 +159,8 @@ def test_the_shortlist_is_a_search_knob(tmp_path):
         ({"refine_residual": 0}, "refine_residual = 0 is out of range"),
         ({"refine_residual": "PQ8", "rerank": True}, "with rerank: true"),
         ({"refine_residual": "PQ8", "metric": "l2"}, "only inner_product is supported"),
+        ({"refine_residual": 144, "rerank": True}, "with rerank: true"),
+        ({"refine_residual": 144, "metric": "l2"}, "only inner_product is supported"),
     ],
 )
 def test_bad_refine_residual_settings(knobs, message):
@@ -314,3 +316,20 @@ def test_an_exact_factory_has_nothing_to_refine(caplog):
         index = build_passage_index(data, ids(600), cfg, MODEL)
     assert "the index's codes are exact (nothing is left to refine)" in caplog.text
     np.testing.assert_array_equal(index.search_rows(queries, 10)[1].rows, flat.rows)
+
+
+@pytest.mark.parametrize("factory", ["IVF16,PQ4", "OPQ4_32,IVF16,PQ4"])
+def test_the_base_index_holds_what_a_plain_build_adds(factory):
+    """The build encodes each batch once and adds the base's codes as they are (through an OPQ
+    wrapper too): the base index then equals one filled by index.add."""
+    data, queries = clustered(2000, 32)
+    knobs = {"nprobe": 16, "train_sample": 2000}
+    plain = build_passage_index(data, ids(2000), IndexConfig(factory, **knobs), MODEL).index
+    cfg = IndexConfig(factory, refine_residual="PQ16", **knobs)
+    refined = build_passage_index(data, ids(2000), cfg, MODEL).index
+    assert refined.ntotal == plain.ntotal == 2000
+    for index in (plain, refined):
+        faiss.extract_index_ivf(index).nprobe = 16
+    got, want = refined.search(queries, 50), plain.search(queries, 50)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])

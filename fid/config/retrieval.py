@@ -372,6 +372,7 @@ class IndexConfig:
             check_range("refine_residual", self.refine_residual, low=1)
         elif self.refine_residual is not None:
             parse_refine_stages(self.refine_residual)
+        if self.refine_residual is not None:
             if self.rerank:
                 raise ConfigError(
                     f"refine_residual = {self.refine_residual!r} with rerank: true: a shortlist "

@@ -24,8 +24,6 @@ from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
 
-# refine_residual's check of the base index's scores: passages scored, of which queries
-CHECK_ROWS, CHECK_QUERIES = 256, 16
 # faiss's k-means wants at least this many training points per centroid and warns below it
 # (faiss.ClusteringParameters().min_points_per_centroid).
 MIN_POINTS_PER_CENTROID = 39
@@ -95,15 +93,16 @@ def build_passage_index(
         if sample is None:
             sample = _training_sample(embeddings, cfg)
         refinement = ResidualRefinement.train(cfg.refine_residual, index, sample)
-        _check_refinement_base(refinement, index, sample, cfg)
+        refinement.check_base(index, cfg.factory, sample)
     del sample
     codes = []
     with progress(desc="index", unit="passages", total=n, log=logger) as bar:
         for lo in range(0, n, cfg.add_batch_size):
             batch = np.ascontiguousarray(embeddings[lo : lo + cfg.add_batch_size], np.float32)
-            index.add(batch)
-            if refinement is not None:
-                codes.append(refinement.encode(index, batch))
+            if refinement is None:
+                index.add(batch)
+            else:
+                codes.append(refinement.add(index, batch))
             bar.update(len(batch))
     if refinement is not None:
         refinement.codes = np.concatenate(codes)
@@ -134,17 +133,6 @@ def build_passage_index(
     return PassageIndex(
         index, ids, cfg, model, build_seconds=seconds, vectors=vectors, refinement=refinement
     )
-
-
-def _check_refinement_base(refinement, index, sample: np.ndarray, cfg: IndexConfig) -> None:
-    """ResidualRefinement.check_base before the build adds anything: on an empty copy of the
-    trained index holding the first CHECK_ROWS of the training sample, the first
-    CHECK_QUERIES of them as queries."""
-    vectors = sample[:CHECK_ROWS]
-    probe = faiss.clone_index(index)
-    probe.add(vectors)  # rows 0 .. R-1
-    rows = np.arange(len(vectors), dtype=np.int64)
-    refinement.check_base(probe, cfg.factory, vectors[:CHECK_QUERIES], rows, vectors)
 
 
 def _skip_polysemous_training(index: faiss.Index) -> None:

@@ -110,6 +110,25 @@ def rescore(
         (scores, rows): (Q, k) float32 scores, best first, -inf past the candidates found, and
         (Q, k) int64 rows, -1 there. Equal scores keep the compressed index's order.
     """
+    return best_of_shortlists(
+        candidates, k, lambda part: _exact_scores(vectors, queries[part], candidates[part], metric)
+    )
+
+
+def best_of_shortlists(candidates: np.ndarray, k: int, score) -> tuple[np.ndarray, np.ndarray]:
+    """The best k of each query's candidates, scored a group of queries at a time (the group's
+    candidates, GATHER_ROWS rows at most, are gathered at once).
+
+    Args:
+        candidates: (Q, S) int64 rows, -1 for none (S >= k).
+        k: results kept per query.
+        score: score(part) -> (B, S) float32 scores of candidates[part] (a slice of queries),
+            -inf where there is no candidate.
+
+    Returns:
+        (scores, rows): (Q, k) float32 scores, best first, -inf past the candidates found, and
+        (Q, k) int64 rows, -1 there. Equal scores keep the candidates' order.
+    """
     n_queries, shortlist = candidates.shape
     k = min(k, shortlist)
     scores = np.full((n_queries, k), -np.inf, dtype=np.float32)
@@ -117,13 +136,17 @@ def rescore(
     step = max(1, GATHER_ROWS // max(1, shortlist))
     for lo in range(0, n_queries, step):
         part = slice(lo, lo + step)
-        scores[part], rows[part] = _rescore_batch(
-            vectors, queries[part], candidates[part], k, metric
-        )
+        scored = score(part)  # (B, S)
+        order = np.argsort(-scored, axis=1, kind="stable")[:, :k]  # (B, k)
+        scores[part] = np.take_along_axis(scored, order, axis=1)
+        picked = np.take_along_axis(candidates[part], order, axis=1)
+        picked[~np.isfinite(scores[part])] = -1
+        rows[part] = picked
     return scores, rows
 
 
-def _rescore_batch(vectors, queries, candidates, k, metric):
+def _exact_scores(vectors, queries, candidates, metric) -> np.ndarray:
+    """(B, S) exact scores of a group's candidates, -inf where none."""
     found = candidates >= 0  # (B, S)
     # The batch's candidates as one sorted set: the mapped file is read front to back, and a
     # passage shortlisted by several queries is read once.
@@ -139,11 +162,14 @@ def _rescore_batch(vectors, queries, candidates, k, metric):
         if metric == "l2":
             dots = 2 * dots - norms[mine] - np.float32(query @ query)
         exact[b, found[b]] = dots
-    order = np.argsort(-exact, axis=1, kind="stable")[:, :k]  # (B, k)
-    best = np.take_along_axis(exact, order, axis=1)
-    picked = np.take_along_axis(candidates, order, axis=1)
-    picked[~np.isfinite(best)] = -1
-    return best, picked
+    return exact
 
 
-__all__ = ["GATHER_ROWS", "VECTORS_FILE", "open_vectors", "rescore", "write_vectors"]
+__all__ = [
+    "GATHER_ROWS",
+    "VECTORS_FILE",
+    "best_of_shortlists",
+    "open_vectors",
+    "rescore",
+    "write_vectors",
+]

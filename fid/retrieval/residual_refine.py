@@ -47,6 +47,7 @@ import numpy as np
 from fid.config import ConfigError
 from fid.config.retrieval import parse_refine_stages
 from fid.errors import DataError
+from fid.retrieval.rerank import best_of_shortlists
 
 logger = logging.getLogger(__name__)
 
@@ -60,20 +61,23 @@ ROTATION_FILE = "refine_rotation.npy"
 RATES = ((1, 8), (1, 7), (1, 6), (2, 10), (2, 8), (2, 6), (4, 8), (8, 8), (16, 8))
 GROUP = 16
 
-# Candidate rows decoded at a time: 32768 x 256 x 4 B = 33 MB of reconstructed residuals at
-# d = 256; a group holds max(1, GATHER_ROWS // shortlist) queries.
-GATHER_ROWS = 32768
+# check_base: passages the probe index holds, of which queries
+CHECK_ROWS, CHECK_QUERIES = 256, 16
 # check_base: how far the base index's score may be from q . x1, relative to the scores' scale
 # (float32 sums in another order: ~1e-6; fast-scan's 8-bit lookup tables: ~1e-2)
 BASE_SCORE_TOLERANCE = 1e-4
 
 
 def code_bytes(spec: str | int) -> int:
-    """Bytes of residual codes a passage, at most: a budget itself, or the sum of the stages'
-    ceil(M x bits / 8)."""
+    """Bytes of residual codes a passage, at most: a budget itself, or the stages'."""
     if isinstance(spec, int):
         return spec
-    return sum((m * bits + 7) // 8 for m, bits in parse_refine_stages(spec))
+    return sum(_stage_bytes(m, bits) for m, bits in parse_refine_stages(spec))
+
+
+def _stage_bytes(m: int, bits: int) -> int:
+    """A product quantizer's code size: M codes of `bits`, packed (faiss's code_size)."""
+    return (m * bits + 7) // 8
 
 
 # A stage of the layout: a product quantizer of M sub-quantizers of `bits` over dimensions
@@ -109,7 +113,7 @@ def allocate(variances: np.ndarray, budget: int, max_bits: int = 16) -> Layout:
         return stages
 
     def cost(stages: Layout) -> int:
-        return sum((m * bits + 7) // 8 for _, _, m, bits in stages)
+        return sum(_stage_bytes(m, bits) for _, _, m, bits in stages)
 
     coarsest = layout([min(rates, key=lambda r: r[1] / r[0])] * len(strength))
     if cost(coarsest) > budget:
@@ -176,7 +180,7 @@ class ResidualRefinement:
                 "refine_residual = %d bytes: %s (%d bytes)",
                 spec,
                 ", ".join(f"dims {lo}-{hi - 1}: PQ{m}x{bits}" for lo, hi, m, bits in layout),
-                sum((m * bits + 7) // 8 for _, _, m, bits in layout),
+                sum(_stage_bytes(m, bits) for _, _, m, bits in layout),
             )
         else:
             layout = []
@@ -206,9 +210,13 @@ class ResidualRefinement:
         """Bytes of codes a passage."""
         return sum(quantizer.code_size for quantizer in self.quantizers)
 
-    def encode(self, base: faiss.Index, batch: np.ndarray) -> np.ndarray:
-        """The stages' codes of (B, D) float32 `batch`: (B, code_size) uint8."""
-        return self._code(_base_residual(base, batch))
+    def add(self, base: faiss.Index, batch: np.ndarray) -> np.ndarray:
+        """Adds (B, D) float32 `batch` to the base index and returns its residual codes,
+        (B, code_size) uint8. The base encodes the batch once (for an IVF the list assignment
+        is the build's largest cost): its codes are added as they are and decoded for x1."""
+        base_codes = base.sa_encode(batch)
+        _add_encoded(base, base_codes)
+        return self._code(batch - base.sa_decode(base_codes))
 
     def _code(self, residual: np.ndarray, train: bool = False) -> np.ndarray:
         """Codes (B, D) residuals stage by stage, each stage (trained first if `train`) coding
@@ -242,34 +250,28 @@ class ResidualRefinement:
         """(Q, D) queries in the space `decode` returns residuals in."""
         return queries if self.rotation is None else queries @ self.rotation
 
-    def check_base(self, base: faiss.Index, factory: str, queries, rows, vectors) -> None:
+    def check_base(self, index: faiss.Index, factory: str, sample: np.ndarray) -> None:
         """Refuses a base index whose score of a passage is not q . x1 (x1 its decoded code):
         the refined score q . x1 + q . r^ would then not be the inner product with anything.
-
-        Args:
-            base: the filled base index.
-            factory: its factory string, for the message.
-            queries: (Q, D) float32 sample queries.
-            rows: (R,) int64 sorted rows of passages to score, with `vectors` (R, D) float32
-                their embeddings.
+        Checked on a copy of the trained, empty `index` holding the first CHECK_ROWS of
+        `sample` ((S, D) float32), every list probed, the first CHECK_QUERIES as queries.
 
         Raises:
             ConfigError: when the base index's scores of those passages differ from q . x1 by
                 more than BASE_SCORE_TOLERANCE of the scores' scale.
         """
-        decoded = base.sa_decode(base.sa_encode(vectors))  # (R, D)
-        expected = queries @ decoded.T  # (Q, R)
-        selector = faiss.IDSelectorBatch(rows)
-        params = faiss.SearchParameters(sel=selector)
-        found, found_rows = _search_with(base, queries, len(rows), params)
-        got = np.full(expected.shape, np.nan, np.float32)
-        position = np.searchsorted(rows, np.where(found_rows >= 0, found_rows, rows[0]))
-        for q in range(len(queries)):
-            ok = found_rows[q] >= 0
-            got[q, position[q, ok]] = found[q, ok]
-        seen = ~np.isnan(got)
+        vectors = sample[:CHECK_ROWS]  # (R, D)
+        queries = vectors[:CHECK_QUERIES]  # (Q, D)
+        probe = faiss.clone_index(index)
+        probe.add(vectors)  # rows 0 .. R-1
+        ivf = faiss.try_extract_index_ivf(probe)
+        params = None if ivf is None else faiss.SearchParametersIVF(nprobe=ivf.nlist)
+        found, rows = probe.search(queries, len(vectors), params=params)  # (Q, R) each
+        expected = queries @ probe.sa_decode(probe.sa_encode(vectors)).T  # (Q, R)
+        seen = rows >= 0
+        got = np.take_along_axis(expected, np.where(seen, rows, 0), axis=1)
         scale = float(np.abs(expected).max()) or 1.0
-        error = float(np.abs(got[seen] - expected[seen]).max(initial=0.0)) / scale
+        error = float(np.abs(found[seen] - got[seen]).max(initial=0.0)) / scale
         if not seen.any() or error > BASE_SCORE_TOLERANCE:
             raise ConfigError(
                 f"refine_residual with factory = {factory!r}: the index does not score a passage "
@@ -294,27 +296,19 @@ class ResidualRefinement:
             (scores, rows): (Q, k) float32, best first, -inf past the candidates found, and
             (Q, k) int64 rows, -1 there. Equal scores keep the base index's order.
         """
-        n_queries, shortlist = candidates.shape
-        k = min(k, shortlist)
         rotated = self.rotate(queries)  # (Q, D)
-        best = np.full((n_queries, k), -np.inf, dtype=np.float32)
-        picked = np.full((n_queries, k), -1, dtype=np.int64)
-        step = max(1, GATHER_ROWS // max(1, shortlist))
-        for lo in range(0, n_queries, step):
-            part = slice(lo, lo + step)
+
+        def refined(part: slice) -> np.ndarray:
             found = candidates[part] >= 0  # (B, S)
             residuals = self.decode(self.codes[candidates[part][found]])  # (n_found, D)
             query_of = np.nonzero(found)[0]  # the query (within the group) of each found row
-            refined = np.full(found.shape, -np.inf, dtype=np.float32)  # (B, S)
-            refined[found] = scores[part][found] + np.einsum(
+            out = np.full(found.shape, -np.inf, dtype=np.float32)  # (B, S)
+            out[found] = scores[part][found] + np.einsum(
                 "nd,nd->n", residuals, rotated[part][query_of]
             )
-            order = np.argsort(-refined, axis=1, kind="stable")[:, :k]  # (B, k)
-            best[part] = np.take_along_axis(refined, order, axis=1)
-            rows = np.take_along_axis(candidates[part], order, axis=1)
-            rows[~np.isfinite(best[part])] = -1
-            picked[part] = rows
-        return best, picked
+            return out
+
+        return best_of_shortlists(candidates, k, refined)
 
     def save(self, folder: Path) -> None:
         """Writes `refine_codes.npy`, `refine_layout.json`, one `refine_pq<i>.faiss` per stage
@@ -410,12 +404,17 @@ def _base_residual(base: faiss.Index, vectors: np.ndarray) -> np.ndarray:
         ) from None
 
 
-def _search_with(base: faiss.Index, queries, k, params):
-    """base.search with search parameters (a selector), through an OPQ/rotation wrapper."""
-    ivf = faiss.try_extract_index_ivf(base)
-    if ivf is not None:
-        params = faiss.SearchParametersIVF(sel=params.sel, nprobe=ivf.nlist)
-    return base.search(queries, k, params=params)
+def _add_encoded(index: faiss.Index, codes: np.ndarray) -> None:
+    """index.add for rows that index.sa_encode encoded: add_sa_codes on the innermost index
+    (faiss 1.15's IndexPreTransform has none; its add transforms, adds to its index and
+    copies ntotal: the same is done here after the transform sa_encode applied)."""
+    wrappers, inner = [], faiss.downcast_index(index)
+    while isinstance(inner, faiss.IndexPreTransform):
+        wrappers.append(inner)
+        inner = faiss.downcast_index(inner.index)
+    inner.add_sa_codes(codes)
+    for wrapper in wrappers:
+        wrapper.ntotal = inner.ntotal
 
 
 __all__ = ["CODES_FILE", "ResidualRefinement", "code_bytes"]
