@@ -553,6 +553,49 @@ def _paid(folder: Path, queries_file: Path, knobs: dict, batch: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def repeat_index(folder: Path, times: int) -> Path:
+    """A copy of a built IVF index folder whose index holds every passage `times` times (the
+    same codes in the same lists; row r + t x N is row r's t-th copy), with its ids and
+    refinement codes repeated alike: a search of it scans and re-scores as much as one of
+    times x N passages would (the lists are times as long, the codes in RAM times as many),
+    though what it finds is the small index's results, repeated. Raises ValueError for a
+    folder with vectors.npy (an on-disk re-rank: its cold reads depend on a file this copy
+    would have to write in full) or a factory without inverted lists."""
+    import faiss
+    import numpy as np
+
+    if (folder / "vectors.npy").exists():
+        raise ValueError(f"{folder}: an on-disk re-rank; repeat only in-RAM search states")
+    out = folder.with_name(f"{folder.name}_x{times}")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    index = faiss.read_index(str(folder / "index.faiss"))
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        raise ValueError(f"{folder}: no inverted lists to repeat")
+    n = index.ntotal
+    for copy in range(1, times):
+        other = faiss.read_index(str(folder / "index.faiss"))  # (the lists are moved out of it)
+        ivf.merge_from(faiss.try_extract_index_ivf(other), copy * n)
+    wrapper = index
+    while isinstance(wrapper, faiss.IndexPreTransform):  # its ntotal is its own copy
+        wrapper.ntotal = ivf.ntotal
+        wrapper = faiss.downcast_index(wrapper.index)
+    faiss.write_index(index, str(out / "index.faiss"))
+    del index, ivf
+    for name in ("ids.npy", "refine_codes.npy"):
+        if (folder / name).exists():
+            array = np.load(folder / name)
+            np.save(out / name, np.concatenate([array] * times))
+            del array
+    meta = json.loads((folder / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps(meta | {"count": meta["count"] * times}))
+    for path in folder.glob("refine_*"):
+        if not (out / path.name).exists():
+            shutil.copy(path, out / path.name)
+    return out
+
+
 def _mapped_kb(name: str) -> int:
     """Resident kB of this process's mappings of files called `name` (/proc/self/smaps)."""
     total, inside = 0, False
@@ -603,6 +646,12 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
     queries_file = args.workdir / "queries.npy"
     np.save(queries_file, queries)
     paid = [_paid(folder, queries_file, knobs, RETRIEVE_BATCH) for knobs in choice.knobs]
+    if args.repeat_to and not choice.rerank and "IVF" in choice.factory:
+        repeated = repeat_index(folder, args.repeat_to // args.size)
+        for knobs, paid_here in zip(choice.knobs, paid, strict=True):
+            at_scale = _paid(repeated, queries_file, knobs, RETRIEVE_BATCH)
+            paid_here.update({f"repeated_{key}": value for key, value in at_scale.items()})
+        shutil.rmtree(repeated)
     index = PassageIndex.load(folder)
     # the search state's files: index.faiss, and residual codes and quantizers if any
     state = [folder / "index.faiss", *folder.glob("refine_*")]
@@ -720,7 +769,35 @@ def report(results: list[dict], sets, args) -> None:
         "default."
     )
     paid_table(results, args.size, dim)
+    if args.repeat_to:
+        repeated_table(results, args.size, args.repeat_to // args.size, dim)
     extrapolate(results, flat, args.size, dim)
+
+
+def repeated_table(results: list[dict], n: int, times: int, dim: int) -> None:
+    """The search cost measured on each in-RAM choice's index repeated to times x n passages."""
+    print(
+        f"\n### Measured at {times} x {n} passages (each choice's codes repeated; d={dim}, k={K}, "
+        "one thread, fresh process)\n"
+    )
+    print(
+        "| choice | knobs | RAM held MB | cold, one question: KiB read, ms | warm, one question: "
+        f"ms | warm, batches of {RETRIEVE_BATCH}: ms a question |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        if "repeated_held_mb" in r:
+            print(
+                f"| {r['choice']} | {_knob_text(r['knobs'])} | {r['repeated_held_mb']:.0f} | "
+                f"{r['repeated_cold1_kib']:.0f}, {r['repeated_cold1_ms']:.1f} | "
+                f"{r['repeated_warm1_ms']:.2f} | {r['repeated_warmb_ms']:.2f} |"
+            )
+    print(
+        f"\nEach list holds {times} copies of each of its passages' codes and the refinement "
+        f"{times} copies of theirs: a search scans and re-scores what one of {times * n} "
+        "passages would (accuracy is the small index's). Choices re-ranked from vectors.npy, "
+        "and non-IVF ones, are not repeated."
+    )
 
 
 def paid_table(results: list[dict], n: int, dim: int) -> None:
@@ -842,6 +919,9 @@ def main() -> None:
     parser.add_argument("--project", type=int, metavar="D",
                         help="project corpus and questions to D dims (nq_default needs 256)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--repeat-to", type=int, metavar="N",
+                        help="also time each in-RAM IVF choice on its index repeated to N "
+                        "passages (e.g. 21000000: latency and RAM at 21M)")  # fmt: skip
     args = parser.parse_args()
     one_thread()
     started = time.perf_counter()

@@ -98,3 +98,33 @@ def test_the_21m_state_of_residual_refinements_counts_their_codes(bench):
     choice = bench._choices(256)["res_budget"]
     assert (choice.factory, choice.refine_residual) == ("IVF1024,PQ32", 144)
     assert choice.label == "IVF1024,PQ32 +res(144 B)"
+
+
+@pytest.mark.parametrize("factory", ["IVF8,PQ4", "OPQ4_16,IVF8,PQ4"])
+def test_an_index_repeated_to_scale_searches_as_its_copies(bench, tmp_path, factory):
+    """--repeat-to: the copy holds every passage's codes (and refinement codes) 3 times, loads
+    through fid's own path, and each result of the small index comes back 3 times with the same
+    score and id; an on-disk re-rank is refused (its cold reads need the whole file)."""
+    from fid.config import IndexConfig
+    from fid.retrieval.index import PassageIndex
+    from fid.retrieval.index_build import build_passage_index
+
+    real, queries, _ = _world(n_real=400)
+    ids = [f"p{i}" for i in range(400)]
+    cfg = IndexConfig(factory, nprobe=8, train_sample=400, shortlist=60, refine_residual=16)
+    build_passage_index(real, ids, cfg, "tiny").save(tmp_path / "index")
+    repeated = bench.repeat_index(tmp_path / "index", 3)
+    small, big = PassageIndex.load(tmp_path / "index"), PassageIndex.load(repeated)
+    assert big.index.ntotal == len(big.ids) == 1200 and big.refinement.codes.shape[0] == 1200
+    scores, ranked = small.search_rows(queries[:5], 4)
+    big_scores, big_ranked = big.search_rows(queries[:5], 12)
+    np.testing.assert_allclose(big_scores, np.repeat(scores, 3, axis=1), rtol=1e-5)
+    assert set(big_ranked.rows[0] % 400) == set(ranked.rows[0])
+    np.testing.assert_array_equal(
+        big.ids[big_ranked.rows], np.repeat(small.ids[ranked.rows], 3, axis=1)
+    )
+
+    build_passage_index(real, ids, IndexConfig("IVF8,PQ4", train_sample=400, rerank=True),
+                        "tiny").save(tmp_path / "reranked")  # fmt: skip
+    with pytest.raises(ValueError, match="an on-disk re-rank"):
+        bench.repeat_index(tmp_path / "reranked", 3)
