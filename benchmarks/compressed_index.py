@@ -218,7 +218,7 @@ def _choices(d: int) -> dict[str, Choice]:
         # nq.yaml's base (d = 256 only) with the same budget in RAM instead of vectors.npy
         "res_nq": Choice(
             "OPQ32_256,IVF16384,PQ32",
-            knobs=[{"nprobe": 1024, "shortlist": 1000}, {"nprobe": 256, "shortlist": 1000}],
+            knobs=[{"nprobe": n, "shortlist": 1000} for n in (1024, 256, 64)],
             train_sample=16 * 16384,
             refine_residual=144,
         ),

@@ -90,8 +90,10 @@ def build_passage_index(
         sample = _train(index, embeddings, cfg)
     refinement = None
     if cfg.refine_residual:
-        if sample is None:
-            sample = _training_sample(embeddings, cfg)
+        # passages the base did not train on: on its own training sample the base's codes fit
+        # closer than on the rest (an IVF16384's k-means puts a centroid among every ~40), so
+        # their residuals would be too small a sample of what the refinement must code
+        sample = _training_sample(embeddings, cfg, held_out=sample is not None)
         refinement = ResidualRefinement.train(cfg.refine_residual, index, sample)
         refinement.check_base(index, cfg.factory, sample)
     del sample
@@ -161,14 +163,21 @@ def _skip_polysemous_training(index: faiss.Index) -> None:
             sub.do_polysemous_training = False
 
 
-def _training_sample(embeddings: np.ndarray, cfg: IndexConfig) -> np.ndarray:
-    """A seeded sample of min(cfg.train_sample, N) of the embeddings, (S, D) float32."""
+def _training_sample(
+    embeddings: np.ndarray, cfg: IndexConfig, held_out: bool = False
+) -> np.ndarray:
+    """A seeded sample of min(cfg.train_sample, N) of the embeddings, (S, D) float32; with
+    `held_out`, of the rows that sample left out (as many of them as there are, up to
+    train_sample), or the sample itself where it took every row."""
     n = embeddings.shape[0]
     if cfg.train_sample >= n:
         return np.ascontiguousarray(embeddings, np.float32)
     rng = np.random.default_rng(cfg.seed)
     # Sorted rows read the (possibly memory-mapped) array front to back.
     rows = np.sort(rng.choice(n, size=cfg.train_sample, replace=False))
+    if held_out:
+        rest = np.setdiff1d(np.arange(n), rows)  # (N - S,)
+        rows = np.sort(rng.choice(rest, size=min(cfg.train_sample, len(rest)), replace=False))
     return np.ascontiguousarray(embeddings[rows], np.float32)
 
 
