@@ -207,6 +207,21 @@ def _choices(d: int) -> dict[str, Choice]:
             train_sample=16 * 16384,
             refine_residual=25 * d // 64,
         ),
+        # the same without OPQ: the base's error then keeps the embeddings' anisotropy, which
+        # the budget's weighting codes for
+        "res_8gb_no_opq": Choice(
+            f"IVF16384,PQ{d // 12}",
+            knobs=[{"nprobe": 256, "shortlist": 1000}, {"nprobe": 64, "shortlist": 1000}],
+            train_sample=16 * 16384,
+            refine_residual=25 * d // 64,
+        ),
+        # res_nq without OPQ (d = 256: IVF16384,PQ32 + 144 B)
+        "res_no_opq": Choice(
+            f"IVF16384,PQ{d // 8}",
+            knobs=[{"nprobe": 256, "shortlist": 1000}, {"nprobe": 64, "shortlist": 1000}],
+            train_sample=16 * 16384,
+            refine_residual=9 * d // 16,
+        ),
         # the same bytes moved from the base to the residual: OPQ16_384,IVF16384,PQ16 + 164 B
         # at d = 384 (OPQ32_768,IVF16384,PQ32 + 328 B = 368 B a passage at 768)
         "res_nq_8gb_lean": Choice(
