@@ -71,8 +71,10 @@ principal directions), where `nq_default` is nq.yaml's own factory and knobs.
 The ivf_* choices (issue 30 item 3) hold compact residual codes in RAM with no refinement; the
 res_* choices add `build_index.refine_residual` (codes of what the base index's codes miss,
 in RAM, re-scoring the shortlist): `res_nq` is nq.yaml's base with a 144-byte budget (run with
---project 256), `res_nq_8gb` its 8 GB-at-768 analogue (run at d = 384);
-    python benchmarks/compressed_index.py --project 256 --choices flat res_budget res_nq
+--project 256), `res_nq_8gb` its 8 GB-at-768 analogue (run at d = 384); `res_no_opq` (d = 256)
+and `res_8gb_no_opq` (d = 384) the same without OPQ, the bases that meet issue 30's goal;
+--repeat-to 21000000 also times each in-RAM IVF choice on its index repeated to 21M passages;
+    python benchmarks/compressed_index.py --project 256 --choices flat res_no_opq --repeat-to 21000000
 while a run goes, each setting's kept @20 / @100 is printed as it is measured.
 """
 
