@@ -6,7 +6,7 @@ index is passage `ids[i]`), `meta.json` (dim, metric, count, model, factory, sea
 faiss version, build time) and, for an index built with `rerank: true`, `vectors.npy`: every
 passage vector as float16, memory-mapped when loaded (fid.retrieval.rerank); for one built with
 `refine_residual`, `refine_codes.npy`, `refine_pq<i>.faiss`, `refine_layout.json` and (for a
-byte budget) `refine_rotation.npy`: the residual codes that re-score a shortlist in RAM
+byte budget) `refine_rotation.npy` and `refine_query_map.npy`: the residual codes that re-score a shortlist in RAM
 (fid.retrieval.residual_refine).
 
 Any faiss `index_factory` string can be built ("Flat", "HNSW32", "IVF4096,PQ64", "SQ8", ...); see
