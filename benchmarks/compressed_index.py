@@ -150,6 +150,12 @@ def _choices(d: int) -> dict[str, Choice]:
     probes = [{"nprobe": 16}, {"nprobe": 64}]
     shortlists = [{"nprobe": p, "shortlist": s} for p in (16, 64) for s in (200, 500, 1000)]
     refined = [{"nprobe": 16, "shortlist": 1000}, {"nprobe": 64, "shortlist": 1000}]
+
+    def at_21m_lists(factory: str, budget: int, nprobes=(256, 64)) -> Choice:
+        """A residual budget on a base of 16,384 lists (21M's), trained on 16 vectors a list."""
+        knobs = [{"nprobe": n, "shortlist": 1000} for n in nprobes]
+        return Choice(factory, knobs=knobs, train_sample=16 * 16384, refine_residual=budget)
+
     return {
         "flat": Choice("Flat"),
         "sq8": Choice(f"{ivf},SQ8", knobs=probes),
@@ -203,42 +209,19 @@ def _choices(d: int) -> dict[str, Choice]:
         "res_budget_8gb": Choice(f"{ivf},PQ{d // 12}", knobs=refined, refine_residual=25 * d // 64),
         # the same at 8 GB for 21M x 768 (OPQ64_768,IVF16384,PQ64 + 300 B = 372 B a passage),
         # measured at d = 384 (OPQ32_384,IVF16384,PQ32 + 150 B)
-        "res_nq_8gb": Choice(
-            f"OPQ{d // 12}_{d},IVF16384,PQ{d // 12}",
-            knobs=[{"nprobe": 256, "shortlist": 1000}, {"nprobe": 64, "shortlist": 1000}],
-            train_sample=16 * 16384,
-            refine_residual=25 * d // 64,
-        ),
+        "res_nq_8gb": at_21m_lists(f"OPQ{d // 12}_{d},IVF16384,PQ{d // 12}", 25 * d // 64),
         # the same without OPQ: the base's error then keeps the embeddings' anisotropy, which
         # the budget's weighting codes for
-        "res_8gb_no_opq": Choice(
-            f"IVF16384,PQ{d // 12}",
-            knobs=[{"nprobe": 256, "shortlist": 1000}, {"nprobe": 64, "shortlist": 1000}],
-            train_sample=16 * 16384,
-            refine_residual=25 * d // 64,
-        ),
+        "res_8gb_no_opq": at_21m_lists(f"IVF16384,PQ{d // 12}", 25 * d // 64),
         # res_nq without OPQ (d = 256: IVF16384,PQ32 + 144 B)
-        "res_no_opq": Choice(
-            f"IVF16384,PQ{d // 8}",
-            knobs=[{"nprobe": 256, "shortlist": 1000}, {"nprobe": 64, "shortlist": 1000}],
-            train_sample=16 * 16384,
-            refine_residual=9 * d // 16,
-        ),
+        "res_no_opq": at_21m_lists(f"IVF16384,PQ{d // 8}", 9 * d // 16),
         # the same bytes moved from the base to the residual: OPQ16_384,IVF16384,PQ16 + 164 B
         # at d = 384 (OPQ32_768,IVF16384,PQ32 + 328 B = 368 B a passage at 768)
-        "res_nq_8gb_lean": Choice(
-            f"OPQ{d // 24}_{d},IVF16384,PQ{d // 24}",
-            knobs=[{"nprobe": 64, "shortlist": 1000}],
-            train_sample=16 * 16384,
-            refine_residual=41 * d // 96,
+        "res_nq_8gb_lean": at_21m_lists(
+            f"OPQ{d // 24}_{d},IVF16384,PQ{d // 24}", 41 * d // 96, nprobes=(64,)
         ),
         # nq.yaml's base (d = 256 only) with the same budget in RAM instead of vectors.npy
-        "res_nq": Choice(
-            "OPQ32_256,IVF16384,PQ32",
-            knobs=[{"nprobe": n, "shortlist": 1000} for n in (1024, 256, 64)],
-            train_sample=16 * 16384,
-            refine_residual=144,
-        ),
+        "res_nq": at_21m_lists("OPQ32_256,IVF16384,PQ32", 144, nprobes=(1024, 256, 64)),
         # nq.yaml's own default (d = 256 only: run with --project 256), its knobs included;
         # k-means on 16 points a list (nq.yaml trains on 40 at 21M: 655,360 points)
         "nq_default": Choice(
