@@ -16,7 +16,7 @@ from snakemake_interface_logger_plugins.common import LogEvent
 from snakemake.utils import validate
 
 from fid.config import BM25Config
-from fid.config import ConfigError, config_from_dict
+from fid.config import ConfigError, check_unique_keys, config_from_dict
 from fid.config import EmbedPassagesConfig, EvalReaderConfig, EvalRetrievalConfig
 from fid.config import InitReaderConfig, InitRetrieverConfig, ReaderTrainConfig
 from fid.config import RetrieveConfig, RetrieverTrainConfig, ScorePassagesConfig
@@ -27,6 +27,12 @@ from fid.config import PrepareQuestionsConfig, ReaderListsConfig
 from fid.data.download import DownloadError, check_existing_download
 from fid.runtime.gpus import visible_gpus
 
+# Snakemake's loader keeps the last of a key given twice: a signal named twice ran the second.
+for _file in workflow.configfiles:
+    try:
+        check_unique_keys(_file)
+    except ConfigError as error:
+        raise WorkflowError(str(error)) from None
 validate(config, schema="../config/config.schema.yaml")
 
 
@@ -177,6 +183,18 @@ for name in SIGNALS:
             f"its knobs are round {SIGNAL_ROUND}'s own: it would train iter{SIGNAL_ROUND} again",
             "set a score_passages mode or retriever knob of its own, or remove it",
         )
+_signal_knobs = {}  # signal -> its (scoring, retriever) knobs
+for name in SIGNALS:
+    knobs = tuple(CHECKED[f"{s}_signal_{name}"] for s in ("score_passages", "retriever"))
+    for other, known in _signal_knobs.items():
+        if known == knobs:
+            fail(
+                f"distillation_signals.{name}",
+                f"its knobs are those of distillation_signals.{other}: both would score, "
+                "train, embed and index the same",
+                "give it a knob of its own, or remove one",
+            )
+    _signal_knobs[name] = knobs
 for source in set(SIGNAL_SOURCES) & set(PRETRAINED):
     fail(
         "pretrained", f"{source!r} is also a distillation signal's source", "rename one"

@@ -35,11 +35,27 @@ def _set_threads(threads: int | None) -> None:
     """Ties torch's CPU threads to what the job was given (2 busy processes on 2 cores with 2
     threads each run many times slower)."""
     if threads is None:
-        threads = int(os.environ.get("FID_THREADS", "0")) or None
+        threads = _threads_from_env(os.environ.get("FID_THREADS", "").strip())
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def _threads_from_env(value: str) -> int | None:
+    """FID_THREADS as a thread count (unset or empty: torch's own)."""
+    if not value:
+        return None
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        from fid.config import ConfigError
+
+        raise ConfigError(f"FID_THREADS = {value!r}: expected an integer >= 1 (torch's CPU "
+                          "threads), or unset for torch's own")  # fmt: skip
+    return threads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,9 +78,11 @@ def command() -> None:
 
 def _run(args: argparse.Namespace) -> int:
     """Runs one parsed command: its exit status (EXIT_ERROR on bad input, EXIT_PREEMPTED)."""
+    from fid.cli.paths import command_paths
     from fid.runtime.fileio import check_writable
     from fid.runtime.launcher import DistributedError, init_from_env
     from fid.runtime.logs import setup_logging
+    from fid.runtime.output_guard import check_outputs, mark_outputs
 
     try:
         info = init_from_env()
@@ -89,6 +107,10 @@ def _run(args: argparse.Namespace) -> int:
     distributed = None
     args.device = None
     try:
+        # What the outputs would replace, checked first: never an input, the state, or what
+        # fid did not write there (fid.runtime.output_guard).
+        paths = command_paths(args)
+        check_outputs(paths, replace=getattr(args, "replace", False))
         if args.runs_models or info.is_distributed:
             from fid.runtime import distributed
             from fid.runtime.heap import return_freed_memory
@@ -100,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
         # said at once, not at the end of a training run).
         check_writable(_written_folders(args))
         args.func(args)
+        if info.rank == 0:
+            mark_outputs(paths)
     except Preempted as stop:
         # The checkpoint is written: a SIGTERM from now on (SLURM sends one to the job's tasks
         # on requeue) must not turn the clean exit into a kill.

@@ -95,7 +95,7 @@ def _log_every_start(state_dir: Path, log_file: Path | None, logged_there: bool)
 
 
 def download(args) -> None:
-    from fid.config import ConfigError, DownloadConfig, config_from_dict
+    from fid.config import ConfigError, DownloadConfig, config_from_dict, load_yaml
     from fid.data.download import download
 
     if args.settings is not None and args.config is not None:
@@ -103,12 +103,7 @@ def download(args) -> None:
     if args.settings is None:
         cfg = _load_config(args, DownloadConfig)
     else:
-        import yaml
-
-        try:
-            knobs = yaml.safe_load(args.settings)
-        except yaml.YAMLError as error:
-            raise ConfigError(f"--settings: invalid YAML: {error}") from None
+        knobs = load_yaml(args.settings, "--settings")
         cfg = config_from_dict(knobs or {}, DownloadConfig, source="--settings")
     download(args.url, args.output, args.checksum, cfg, args.record, args.bytes)
 
@@ -364,4 +359,5 @@ def plan_memory(args) -> None:
         batch_key = "eval_batch_size" if args.planned == "eval-reader" else "batch_size"
         print(inference_summary(plan, args.model, memory, fit, batch_key))
     if memory is not None and plan.peak > memory:
-        raise MemoryDoesNotFit(f"{args.config}: does not fit in {args.gpu_memory} (above)")
+        where = args.config or f"the default {config_class.__name__}"
+        raise MemoryDoesNotFit(f"{where}: does not fit in {args.gpu_memory} (above)")

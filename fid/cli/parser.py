@@ -7,6 +7,19 @@ import argparse
 from pathlib import Path
 
 from fid.cli import commands
+from fid.cli.paths import SHARD_SUFFIXES
+
+# What each command writes: output flag -> the suffixes of its files (() a file or a folder at
+# the path given). The output guard (fid.runtime.output_guard) checks these before any work;
+# every other path flag is an input.
+OUTPUT = {"output": ()}
+_OUTPUTS = {
+    "eval-reader": {"predictions": (), "metrics": ()},
+    "embed-passages": {"output": SHARD_SUFFIXES},
+    "download": {"output": (), "record": ()},
+    "ask": {},
+    "plan-memory": {},
+}
 
 # Commands that run no model: they start without torch (about 1.5 s less a job) and without a
 # device or a process group.
@@ -17,18 +30,38 @@ MODEL_FREE = frozenset({
 })  # fmt: skip
 
 
+def _at_least_one(text: str) -> int:
+    """An integer flag value >= 1 (argparse turns the error into a usage line, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fid", description="Fusion-in-Decoder QA and reader-to-retriever distillation."
     )
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own)")
+    parser.add_argument("--threads", type=_at_least_one, metavar="N",
+                        help="torch CPU threads (default: torch's own)")  # fmt: skip
     parser.add_argument("--log-file", type=Path, help="also append the log to this file")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name, func, help_text):
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.add_argument("--config", type=Path, help="YAML of knobs (default: defaults)")
-        command.set_defaults(func=func, runs_models=name not in MODEL_FREE)
+        outputs = _OUTPUTS.get(name, OUTPUT)
+        command.set_defaults(func=func, runs_models=name not in MODEL_FREE, outputs=outputs)
+        if outputs:
+            command.add_argument(
+                "--replace",
+                action="store_true",
+                help="replace an existing output that fid did not write as this command's "
+                "(default: refused; never allowed for an input or the training state)",
+            )
         return command
 
     c = add(

@@ -11,9 +11,11 @@ from fid.config.loading import (
     ConfigError,
     check_finite,
     check_range,
+    check_unique_keys,
     config_from_dict,
     config_to_dict,
     load_config,
+    load_yaml,
 )
 from fid.config.reader import (
     EvalReaderConfig,
@@ -58,7 +60,9 @@ __all__ = [
     "WorldConfig",
     "check_finite",
     "check_range",
+    "check_unique_keys",
     "config_from_dict",
     "config_to_dict",
     "load_config",
+    "load_yaml",
 ]

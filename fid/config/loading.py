@@ -80,6 +80,25 @@ def _matches(value: Any, tp: Any) -> bool:
     raise TypeError(f"unsupported config field type {tp!r}")
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """A value's repr for a message, cut at `limit` characters (a 20 MB list stays a line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def _yaml_number_hint(value: Any, tp: Any) -> str:
+    """Why a number may have arrived as a string: YAML 1.1 (PyYAML) reads `1e-4` as text (its
+    floats need a dot: `1.0e-4`)."""
+    if not isinstance(value, str) or not any(_matches(1.0, t) for t in (tp, *typing.get_args(tp))):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    return (f" (YAML reads {value} as text: its floats need a dot and a signed exponent, "
+            f"write {number!r} or {number:.1e})")  # fmt: skip
+
+
 def config_from_dict(data: dict[str, Any], cls: type[T], source: str = "config") -> T:
     """Builds a config dataclass from a mapping, checking keys, types and ranges.
 
@@ -106,7 +125,8 @@ def config_from_dict(data: dict[str, Any], cls: type[T], source: str = "config")
             )
         if not _matches(value, hints[key]):
             raise ConfigError(
-                f"{source}: {key} = {value!r} has the wrong type: expected {_type_name(hints[key])}"
+                f"{source}: {key} = {_short(value)} has the wrong type: expected "
+                f"{_type_name(hints[key])}{_yaml_number_hint(value, hints[key])}"
             )
         if hints[key] is float and isinstance(value, int):
             data = {**data, key: float(value)}
@@ -116,6 +136,88 @@ def config_from_dict(data: dict[str, Any], cls: type[T], source: str = "config")
         return cls(**data)
     except ConfigError as error:
         raise ConfigError(f"{source}: {error}") from None
+
+
+class _DuplicateKey(Exception):
+    """A mapping that names a key twice (lines 1-based)."""
+
+    def __init__(self, key: Any, first: int, again: int):
+        super().__init__(key, first, again)
+        self.key, self.first, self.again = key, first, again
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key given twice in one mapping is an error: PyYAML keeps
+    the last silently (YAML 1.2 says keys are unique), so a knob set twice ran the second."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges are YAML's own
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.setdefault(key, line)
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+                if first != line:
+                    raise _DuplicateKey(key, first, line)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parses YAML safely, refusing a key given twice in one mapping.
+
+    Raises:
+        ConfigError: naming `source`, the key and both lines, or YAML's own syntax error.
+    """
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except _DuplicateKey as duplicate:
+        raise ConfigError(
+            f"{source}: key {duplicate.key!r} is given twice (line {duplicate.first} and line "
+            f"{duplicate.again}): expected each key once in a mapping (YAML would silently "
+            "keep the last)"
+        ) from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{source}: invalid YAML: {error}") from None
+
+
+def check_unique_keys(path: str | Path) -> None:
+    """Refuses a YAML (or JSON) file that gives a key twice in one mapping (the workflow's
+    config files, which Snakemake loads with PyYAML's last-wins rule).
+
+    Raises:
+        ConfigError: naming the file, the key and both lines.
+    """
+    check_config_file(Path(path))
+    load_yaml(read_text(Path(path), "a YAML config file", kind=ConfigError), str(path))
+
+
+# A file of knobs is a few KB; PyYAML takes ~7 GB and minutes for a 20 MB one.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def check_config_file(path: Path) -> None:
+    """Refuses a config path that is missing, not a regular file, or far too large to be a
+    file of knobs, before it is read.
+
+    Raises:
+        ConfigError: naming the path and what it is.
+    """
+    if not path.exists():
+        raise ConfigError(f"{path}: config file not found")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder: expected a YAML file of knobs")
+    if not path.is_file():
+        raise ConfigError(f"{path}: is not a regular file (a pipe or device?): expected a "
+                          "YAML file of knobs")  # fmt: skip
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {size:,} bytes: a file of knobs is a few KB (at most "
+                          f"{MAX_CONFIG_BYTES:,} bytes read). Hint: is it the right file?")  # fmt: skip
 
 
 def load_config(path: str | Path | None, cls: type[T]) -> T:
@@ -128,13 +230,9 @@ def load_config(path: str | Path | None, cls: type[T]) -> T:
     if path is None:
         return cls()
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+    check_config_file(path)
     text = read_text(path, "a YAML file of knobs", kind=ConfigError)
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: invalid YAML: {error}") from None
+    data = load_yaml(text, str(path)) or {}
     return config_from_dict(data, cls, source=str(path))
 
 

@@ -20,7 +20,12 @@ from typing import Any, overload
 
 from fid.data.json_records import JsonSyntaxError, parse_json_records
 from fid.data.passage_store import PassageStore, open_passages
-from fid.data.retrieval_lists import RetrievalLists, is_compact_lists, read_lists
+from fid.data.retrieval_lists import (
+    RetrievalLists,
+    is_compact_lists,
+    read_lists,
+    repeated_passages,
+)
 from fid.errors import DataError
 from fid.text_files import read_text
 
@@ -76,6 +81,13 @@ def _check_ctx(ctx: Any, where: str, index: int) -> dict[str, Any]:
         if not isinstance(ctx.get(key), str):
             found = "missing" if key not in ctx else f"a {type(ctx[key]).__name__}"
             raise DataError(f"{where}: ctxs[{index}].{key} must be a string, found {found}")
+    has_answer = ctx.get("has_answer")
+    if has_answer is not None and not isinstance(has_answer, bool):
+        # bool("no") is True: a string flag would count as a hit in every metric
+        raise DataError(
+            f"{where}: ctxs[{index}].has_answer must be true or false (a JSON boolean) or "
+            f"null, found {has_answer!r:.40}"
+        )
     score = ctx.get("score")
     if score is not None:
         try:
@@ -146,6 +158,7 @@ def load_examples(
         return _load_list_examples(path, require_answers, passages)
     examples = []
     first_seen: dict[str, str] = {}  # id -> the location of its record
+    repeated: list[tuple[str, str]] = []  # (question id, a passage id its list repeats)
     for position, (location, record) in enumerate(_read_records(path)):
         where = f"{path}: {location}"
         if isinstance(record, dict) and "id" in record:
@@ -160,6 +173,9 @@ def load_examples(
             )
         ctxs = [_check_ctx(ctx, where, i) for i, ctx in enumerate(ctxs)]
         id_ = str(record.get("id", position))
+        passage_ids = [str(ctx["id"]) for ctx in ctxs if "id" in ctx]
+        if len(set(passage_ids)) < len(passage_ids):
+            repeated.append((id_, next(i for i in passage_ids if passage_ids.count(i) > 1)))
         _check_new_id(id_, location, first_seen, path)
         examples.append(
             Example(
@@ -169,7 +185,18 @@ def load_examples(
         )  # fmt: skip
     if not examples:
         raise DataError(f"{path}: no question records found")
+    if repeated:
+        _warn_repeated(path, len(repeated), *repeated[0])
     return examples
+
+
+def _warn_repeated(path: Path, n_questions: int, question: str, passage: str) -> None:
+    logger.warning(
+        "%s: %d question(s) name a passage more than once in their list (e.g. question %r, "
+        "passage %r): each copy is read, scored and trained on as a passage of its own. "
+        "Hint: remove the repeats where the lists were made", path, n_questions, question,
+        passage,
+    )  # fmt: skip
 
 
 def _load_list_examples(
@@ -193,6 +220,9 @@ def _load_list_examples(
         _check_new_id(record["id"], location, first_seen, path)
     if not len(lists):
         raise DataError(f"{path}: no question records found")
+    n_repeating, first = repeated_passages(lists)
+    if first is not None:
+        _warn_repeated(path, n_repeating, lists.fields[first[0]]["id"], first[1])
     return ListExamples(lists, passages, str(path))
 
 

@@ -17,7 +17,6 @@ from fid.data.passage_store import PassageStore, open_passages
 from fid.data.retrieval_lists import (
     is_compact_lists,
     lists_from_records,
-    read_lists,
     write_lists,
 )
 from fid.errors import DataError
@@ -42,8 +41,8 @@ def _check_texts(records: list[dict], passages: PassageStore, source: Path) -> N
 
 def export_fid_json(lists_path: Path, passages: PassageStore, output: Path) -> int:
     """Writes compact lists as a FiD json list, one question at a time. Returns the count."""
-    lists = read_lists(lists_path)
-    passages.check_lists(lists.corpus, str(lists_path))
+    # loaded as every command loads them: question fields, ids and columns checked
+    lists = load_examples(lists_path, passages=passages).lists
     with atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
         handle.write("[")
         for q in range(len(lists)):

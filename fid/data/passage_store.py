@@ -73,12 +73,22 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _row_id(line: bytes, id_column: int) -> bytes:
-    """The id field of one TSV line (csv-unquoted when quoted)."""
-    if id_column == 0 and not line.startswith(b'"'):
-        return line.split(b"\t", 1)[0].rstrip(b"\r\n")
-    row = next(csv.reader([line.decode("utf-8")], delimiter="\t"))
-    return row[id_column].encode("utf-8")
+def _row_id(line: bytes, id_column: int, n_columns: int, where: str) -> bytes:
+    """The id field of one TSV line (csv-unquoted when quoted), the line checked to hold the
+    header's columns (a short row would be found only when a passage is read, and blamed on
+    a changed file).
+
+    Raises:
+        DataError: naming `where` (file and line) and the columns found.
+    """
+    fields = line.rstrip(b"\r\n").split(b"\t")
+    if len(fields) != n_columns or fields[id_column].startswith(b'"'):  # quoting: csv's rules
+        fields = [f.encode("utf-8") for f in next(csv.reader([line.decode("utf-8")],
+                                                             delimiter="\t"))]  # fmt: skip
+    if len(fields) != n_columns:
+        raise DataError(f"{where}: expected {n_columns} tab-separated columns (as the header "
+                        f"line), found {len(fields)}")  # fmt: skip
+    return fields[id_column]
 
 
 def build_passage_store(passages_path: str | Path, output: str | Path) -> dict:
@@ -121,7 +131,8 @@ def build_passage_store(passages_path: str | Path, output: str | Path) -> dict:
             # Checked now, so that reading a passage later can only fail on a changed file.
             decode_line(line, passages_path, PASSAGE_FILE, line_number, position)
             if line.strip(b"\r\n"):
-                key = _row_id(line, id_column)
+                where = f"{passages_path}: line {line_number}"
+                key = _row_id(line, id_column, len(header.columns), where)
                 if not key.strip():
                     raise DataError(f"{passages_path}: line {line_number}: empty passage id")
                 chunk_offsets.append(position)
@@ -165,6 +176,29 @@ def build_passage_store(passages_path: str | Path, output: str | Path) -> dict:
 def corpus_fingerprint(record: dict) -> dict:
     """What retrieval lists record of the corpus their ids refer to."""
     return {"sha256": record["sha256"], "n_passages": record["n_passages"]}
+
+
+def passages_identity(path: str | Path) -> dict:
+    """{"bytes", "sampled_sha256"} of a passage TSV, or of the TSV a store folder indexes (from
+    its record): what an index of the corpus's embeddings records and is checked by. Cheap
+    (a stat and two MiB read) where the full sha256 would read the whole 13 GB file.
+
+    Raises:
+        DataError: a missing file, or a folder that is no passage store.
+    """
+    path = Path(path)
+    if path.is_dir():
+        meta_path = path / _META
+        if not meta_path.is_file():
+            raise DataError(f"{path}: not a passage store (no {_META}); expected a folder "
+                            "written by fid build-passage-store, or a passage TSV")  # fmt: skip
+        record = read_json(meta_path, "a passage store record (json)")
+        if not isinstance(record, dict) or "sampled_sha256" not in record:
+            raise DataError(f"{meta_path}: not a passage store record (format {STORE_FORMAT!r})")
+        return {"bytes": record["bytes"], "sampled_sha256": record["sampled_sha256"]}
+    if not path.is_file():
+        raise DataError(f"{path}: passage file not found")
+    return {"bytes": path.stat().st_size, "sampled_sha256": sampled_sha256(path)}
 
 
 @dataclass

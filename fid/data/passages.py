@@ -248,6 +248,19 @@ def passage_shard_bounds(path: str | Path, shard: int, n_shards: int) -> tuple[i
     return start, min(end, size)
 
 
+def count_lines(path: str | Path, start: int, end: int) -> int:
+    """The lines that end in the byte range [start, end) of a file (a shard's passages, from
+    `passage_shard_bounds`): newlines counted in 16 MiB reads, nothing parsed (~0.3 s a GB)."""
+    count = 0
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        left = end - start
+        while left > 0 and (chunk := handle.read(min(left, 1 << 24))):
+            count += chunk.count(b"\n")
+            left -= len(chunk)
+    return count
+
+
 def count_passages(path: str | Path) -> int:
     """The number of passages in a file: its non-blank lines after the header.
 

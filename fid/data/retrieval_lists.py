@@ -233,6 +233,29 @@ def _check_line(record: Any, where: str) -> None:
                 f"{where}: columns.{name} must be a list of {len(passages)} values (one per "
                 "passage)"
             )
+        wrong = next((v for v in values if v is not None and not _is_kind(name, v)), None)
+        if wrong is not None:
+            raise DataError(
+                f"{where}: columns.{name} must hold {_COLUMN_TYPES[name]} or null, found "
+                f"{wrong!r:.40}"
+            )
+
+
+# Columns that every reader of lists takes as one type: a string "no" as a has_answer flag
+# would count as a hit (bool("no") is True), a string score would sort as text.
+_COLUMN_TYPES = {
+    "has_answer": "booleans (true/false)",
+    "score": "numbers",
+    "reader_score": "numbers",
+}
+
+
+def _is_kind(name: str, value: Any) -> bool:
+    if name not in _COLUMN_TYPES:
+        return True
+    if name == "has_answer":
+        return isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def read_lists(path: str | Path) -> RetrievalLists:
@@ -310,6 +333,21 @@ def read_lists(path: str | Path) -> RetrievalLists:
         fields, np.asarray(offsets, dtype=np.int64), np.concatenate(id_chunks), columns,
         header.get("corpus"),
     )  # fmt: skip
+
+
+def repeated_passages(lists: RetrievalLists) -> tuple[int, tuple[int, str] | None]:
+    """How many questions name a passage more than once in their list, and the first such
+    (question position, passage id); (0, None) when none does. Vectorised: one sort of the
+    (question, id) pairs, not a set per question."""
+    lengths = np.diff(lists.offsets)
+    questions = np.repeat(np.arange(len(lengths)), lengths)
+    order = np.lexsort((lists.passage_ids, questions))
+    ids, qs = lists.passage_ids[order], questions[order]
+    repeated = np.flatnonzero((qs[1:] == qs[:-1]) & (ids[1:] == ids[:-1]))
+    if not len(repeated):
+        return 0, None
+    first = repeated[np.argmin(qs[repeated])]
+    return len(np.unique(qs[repeated])), (int(qs[first]), ids[first].decode("utf-8", "replace"))
 
 
 def iter_lines(lists: RetrievalLists) -> Iterator[dict]:

@@ -33,6 +33,7 @@ from fid.models.loading import load_retriever
 from fid.models.settings import ReaderSettings
 from fid.retrieval.dense import search_dense, set_search_knobs
 from fid.retrieval.index import PassageIndex
+from fid.retrieval.index_sources import check_index_sources
 from fid.retrieval.ranking import retrieval_records
 from fid.runtime.precision import autocast, resolve_precision
 
@@ -82,6 +83,7 @@ def ask(
         override=search.override_model_settings,
     )  # fmt: skip
     index = PassageIndex.load(paths.index, expected_dim=retriever.dim)
+    check_index_sources(index, paths.index, paths.retriever, paths.passages)
     set_search_knobs(index, search)
     search = _resolved(search, device, retriever.question_encoder.config.hidden_size)
     reader, tokenizer, collator = reader_and_collator(cfg, paths.reader, device)
@@ -95,6 +97,7 @@ def ask(
         logger.info("type one question a line (Ctrl-D ends)")
     answered = 0
     for line in questions:
+        line = line.lstrip("\ufeff")  # a byte-order mark (Windows editors) is no question word
         if not line.strip():
             continue
         started = time.perf_counter()

@@ -24,7 +24,7 @@ def _ranked_ctxs(questions_path: Path, passages_path: Path | None, need_text: bo
         return [e.id for e in examples], [e.answers for e in examples], [e.ctxs for e in examples]
     lists = read_lists(questions_path)
     ctxs = [lists.ctx_fields(q) for q in range(len(lists))]
-    if any("has_answer" not in ctx for ranked in ctxs for ctx in ranked):
+    if any(ctx.get("has_answer") is None for ranked in ctxs for ctx in ranked):
         return _ranked_ctxs(questions_path, passages_path, need_text=True)
     ids = [str(f["id"]) for f in lists.fields]
     return ids, [list(f.get("answers", [])) for f in lists.fields], ctxs

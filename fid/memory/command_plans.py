@@ -30,7 +30,8 @@ def command_plan_inputs(
     ranks of `device` ("cuda" or "cpu"). `model` is a name or folder (fid.memory.model_shapes),
     or the model's config itself: the workflow plans models that do not exist yet from the
     config that will build them."""
-    shape_config = model if isinstance(model, PretrainedConfig) else model_config(model)
+    kind = "t5" if command == "train-reader" else "encoder"
+    shape_config = model if isinstance(model, PretrainedConfig) else model_config(model, kind)
     precision = resolve_precision(cfg.precision, torch.device(device))  # as training resolves it
     run = StepRun(
         autocast_dtype=_AUTOCAST[precision],
@@ -106,7 +107,7 @@ def inference_plan_inputs(command: str, cfg, model: str, device: str, answer_tok
                                  cfg.passage_max_tokens, model=folder,
                                  override=cfg.override_model_settings,
                                  default=RETRIEVER_PASSAGE_MAX_TOKENS)  # fmt: skip
-        config = model_config(model)
+        config = model_config(model, "encoder")
         precision = resolve_precision(cfg.precision, torch.device(device), config.hidden_size)
         return InferenceInputs(command, config, cfg.batch_size, 1, length, mode="embed",
                                autocast_dtype=_AUTOCAST[precision], device=device,
@@ -121,7 +122,7 @@ def inference_plan_inputs(command: str, cfg, model: str, device: str, answer_tok
             ("light_tokens", settings.light_tokens, cfg.light_tokens, None),
         )
     )  # fmt: skip
-    config = model_config(model)
+    config = model_config(model, "t5")
     generation = command == "eval-reader"
     width = config.d_model if generation else None  # scores: fp32 "auto" on a CPU, as run
     precision = resolve_precision(cfg.precision, torch.device(device), width)

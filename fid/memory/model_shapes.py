@@ -12,6 +12,7 @@ from pathlib import Path
 from transformers import AutoConfig, BertConfig, PretrainedConfig, T5Config
 
 from fid.errors import ConfigError
+from fid.text_files import read_json
 
 _T5 = dict(vocab_size=32128, relative_attention_num_buckets=32, decoder_start_token_id=0,
            pad_token_id=0, eos_token_id=1)  # fmt: skip
@@ -52,30 +53,71 @@ def build_t5(config: PretrainedConfig):
     return t5
 
 
-def model_config(name_or_path: str) -> PretrainedConfig:
+# The sizes a plan builds tensors from: each must be a positive integer where the config has it.
+_SIZES = ("vocab_size", "d_model", "d_ff", "d_kv", "num_layers", "num_decoder_layers",
+          "num_heads", "hidden_size", "num_hidden_layers", "num_attention_heads",
+          "intermediate_size")  # fmt: skip
+
+
+def model_config(name_or_path: str, kind: str | None = None) -> PretrainedConfig:
     """The config of a model folder (its config.json), of a hub model in the local cache, or
     of a model in KNOWN_MODELS.
 
+    Args:
+        name_or_path: the model.
+        kind: "t5" (a reader), "encoder" (a retriever's encoder), or None (either).
+
     Raises:
-        ConfigError: a folder without config.json, or a name that is none of these.
+        ConfigError: a folder without a readable config.json, sizes that are no positive
+            integers, a model of the other kind, or a name that is none of these.
     """
     folder = Path(name_or_path)
     if folder.is_dir():
-        if not (folder / "config.json").is_file():
-            raise ConfigError(f"{folder}: no config.json: expected a model folder")
-        return AutoConfig.from_pretrained(folder)
-    known = _known(name_or_path)
-    if known is not None:
+        config = _folder_config(folder)
+        where = str(folder / "config.json")
+    elif (known := _known(name_or_path)) is not None:
         config_class, fields = known
-        return config_class(**fields)
-    try:  # a hub model downloaded before: its cached config.json, without the network
-        return AutoConfig.from_pretrained(name_or_path, local_files_only=True)
-    except (OSError, ValueError):
-        raise ConfigError(
-            f"{name_or_path!r} is neither a model folder, a model in the local hub cache nor a "
-            f"known model: expected a folder with config.json or one of "
-            f"{', '.join(KNOWN_MODELS)}"
-        ) from None
+        config, where = config_class(**fields), repr(name_or_path)
+    else:
+        try:  # a hub model downloaded before: its cached config.json, without the network
+            config = AutoConfig.from_pretrained(name_or_path, local_files_only=True)
+        except (OSError, ValueError):
+            raise ConfigError(
+                f"{name_or_path!r} is neither a model folder, a model in the local hub cache "
+                f"nor a known model: expected a folder with config.json or one of "
+                f"{', '.join(KNOWN_MODELS)}"
+            ) from None
+        where = repr(name_or_path)
+    for size in _SIZES:
+        value = getattr(config, size, 1)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):  # fmt: skip
+            raise ConfigError(f"{where}: {size} = {value!r}: expected a positive integer")
+    is_t5 = config.model_type in ("t5", "mt5", "umt5")
+    if kind == "t5" and not is_t5:
+        raise ConfigError(f"{where}: a {config.model_type!r} model, but this plans a FiD "
+                          "reader: expected a T5 (model_type t5)")  # fmt: skip
+    if kind == "encoder" and (is_t5 or getattr(config, "is_encoder_decoder", False)):
+        raise ConfigError(f"{where}: a {config.model_type!r} encoder-decoder, but this plans a "
+                          "retriever: expected an encoder (BERT-like) or a retriever folder")  # fmt: skip
+    return config
+
+
+def _folder_config(folder: Path) -> PretrainedConfig:
+    """A folder's config.json, checked before transformers reads it (its own errors name
+    neither file nor problem)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{folder}: no config.json: expected a model folder")
+    fields = read_json(path, "a model config (json)", kind=ConfigError)
+    if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
+        found = type(fields).__name__ if not isinstance(fields, dict) else "no model_type"
+        raise ConfigError(f"{path}: expected a JSON object with a model_type (a transformers "
+                          f"config), found {found}")  # fmt: skip
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise ConfigError(f"{path}: transformers cannot read it: {error}") from None
 
 
 def _known(name: str) -> tuple[type[PretrainedConfig], dict] | None:

@@ -94,7 +94,28 @@ def plan_step(inputs: PlanInputs) -> MemoryPlan:
     return _plan_from_trace(inputs, trace, _model_bytes(inputs))
 
 
+# A trace depends on the model, the micro-batch and the step's knobs only (ranks and sharding
+# are applied to it in closed form): the plans of one command (the fit, its remedies) share
+# theirs. A t5-base trace takes ~11 s (2 cores), so each one saved is felt.
+_TRACES: dict[tuple, StepTrace] = {}
+_TRACES_KEPT = 32
+
+
+def _trace_key(inputs: PlanInputs) -> tuple:
+    return (inputs.command, inputs.config.to_json_string(), inputs.shape, inputs.run,
+            inputs.spec if inputs.command == "train-retriever" else None)  # fmt: skip
+
+
 def _trace(inputs: PlanInputs) -> StepTrace:
+    key = _trace_key(inputs)
+    if key not in _TRACES:
+        if len(_TRACES) >= _TRACES_KEPT:
+            _TRACES.pop(next(iter(_TRACES)))
+        _TRACES[key] = _run_trace(inputs)
+    return _TRACES[key]
+
+
+def _run_trace(inputs: PlanInputs) -> StepTrace:
     if inputs.command == "train-reader":
         return trace_reader_step(inputs.config, inputs.shape, inputs.run)
     if inputs.command == "train-retriever":
@@ -218,25 +239,64 @@ def fit_memory(inputs: PlanInputs, memory: int, effective_tokens: int) -> Fit:
 Planned = TypeVar("Planned")  # a plan with a `peak` (bytes): MemoryPlan, InferencePlan
 
 
+# The largest count `largest_that_fits` answers: far beyond any micro-batch or data set.
+_MOST = 1 << 24
+
+
 def largest_that_fits(plan_at: Callable[[int], Planned], memory: int) -> tuple[int, Planned]:
     """The largest n >= 1 whose plan `plan_at(n)` peaks within `memory` bytes, and that plan;
-    (0, the plan of 1) when even 1 does not fit. A peak is linear in n (n questions or items
-    a batch) but for what does not grow with it: two plans (1 and 2) give the line, the
-    answer's own plan checks it, stepping back one at a time where the line is off."""
-    one = plan_at(1)
-    if one.peak > memory:
-        return 0, one
-    two = plan_at(2)
-    n = max(1, 1 + (memory - one.peak) // max(1, two.peak - one.peak))
-    plan = plan_at(n)
-    while plan.peak > memory and n > 1:
-        n -= 1
-        plan = plan_at(n)
-    return n, plan
+    (0, the plan of 1) when even 1 does not fit.
+
+    A peak is linear in n (n questions or items a batch: each adds its activations) above
+    what does not grow with it (the weights, an optimizer update that peaks higher than a
+    small batch). Each plan costs a trace (seconds at t5-base), so the search traces a few
+    sizes: 1 and 2 give a line, and the line's answer is traced; where the line is flat (the
+    growing part still under a fixed peak) the size grows 8x a probe, and where a traced
+    answer does not fit, the line through the last two sizes on either side narrows it
+    (regula falsi, halving where it stalls). Typically 3 plans; at most ~2 log2(answer).
+    """
+    plans: dict[int, Planned] = {}
+
+    def peak(n: int) -> int:
+        if n not in plans:
+            plans[n] = plan_at(n)
+        return plans[n].peak
+
+    if peak(1) > memory:
+        return 0, plans[1]
+    low, probe = 1, 2  # low fits; probe is the next size to try
+    while peak(probe) <= memory:  # grow along the line until a size does not fit
+        slope = (peak(probe) - peak(low)) / (probe - low)
+        low = probe
+        if low >= _MOST:
+            return low, plans[low]
+        if slope <= 0:  # flat so far: the batch's own memory is under a fixed peak
+            probe = min(_MOST, low * 8)
+            continue
+        reach = int((memory - peak(low)) // slope)  # sizes beyond low the line allows
+        if reach <= 0:  # the line's answer, traced, fits; the next size is over by the line
+            return low, plans[low]
+        probe = min(_MOST, low + reach)
+    high = probe
+    moved = []  # which bound each narrowing moved: the line is used until it stalls
+    while high - low > 1:  # low fits, high does not: narrow along the line between them
+        slope = (peak(high) - peak(low)) / (high - low)
+        guess = low + int((memory - peak(low)) // slope) if slope > 0 else (low + high) // 2
+        if moved[-2:] in (["low", "low"], ["high", "high"]):  # one side only: halve
+            guess = (low + high) // 2
+        guess = min(max(guess, low + 1), high - 1)
+        fits = peak(guess) <= memory
+        low, high = (guess, high) if fits else (low, guess)
+        moved.append("low" if fits else "high")
+    return low, plans[low]
 
 
 def _remedies(inputs: PlanInputs, memory: int, one: MemoryPlan) -> list[str]:
-    """What would make one question fit: checkpointing, FSDP over more ranks, fewer passages."""
+    """What would make one question fit: checkpointing, FSDP over more ranks, fewer passages.
+
+    A few traces at most: FSDP's ranks are applied to the one question's trace in closed form,
+    and fewer passages are tried only when one passage fits.
+    """
     found = []
     single = replace(inputs, shape=replace(inputs.shape, questions=1))
     if not inputs.run.checkpointing:
@@ -250,14 +310,20 @@ def _remedies(inputs: PlanInputs, memory: int, one: MemoryPlan) -> list[str]:
         if plan.peak <= memory:
             found.append(f"sharding: fsdp over {ranks} ranks (peak {format_bytes(plan.peak)})")
             break
+
+    def with_passages(n: int) -> MemoryPlan:
+        return plan_step(replace(single, shape=replace(single.shape, passages=n)))
+
+    halvings = []  # N/2, N/4, ..., 1: the counts offered
     passages = inputs.shape.passages // 2
     while passages >= 1:
-        shape = replace(single.shape, passages=passages)
-        plan = plan_step(replace(single, shape=shape))
-        if plan.peak <= memory:
-            found.append(f"n_passages: {passages} (peak {format_bytes(plan.peak)})")
-            break
+        halvings.append(passages)
         passages //= 2
+    if halvings and with_passages(halvings[-1]).peak <= memory:
+        count, plan = largest_that_fits(with_passages, memory)
+        offered = next(n for n in halvings if n <= count)
+        plan = plan if offered == count else with_passages(offered)
+        found.append(f"n_passages: {offered} (peak {format_bytes(plan.peak)})")
     return found
 
 

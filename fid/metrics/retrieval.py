@@ -52,8 +52,8 @@ def answer_hits(
 
     Args:
         answers: each question's gold answers (questions without any are left out).
-        ctxs: each question's ranked passages; their `has_answer` flag is used unless missing
-            or `recompute`, else DPR's rule is applied to the passage text.
+        ctxs: each question's ranked passages; their `has_answer` flag (a bool, checked when
+            the file was read) is used unless missing, null or `recompute`, else DPR's rule is applied to the passage text.
         mode: "string" (DPR) or "regex" (answers are patterns).
 
     Returns:
@@ -69,8 +69,8 @@ def answer_hits(
             continue
         matcher = AnswerMatcher(gold, mode)
         hits[position] = [
-            bool(c["has_answer"])
-            if "has_answer" in c and not recompute
+            c["has_answer"]
+            if c.get("has_answer") is not None and not recompute
             else matcher.matches(c["text"])
             for c in ranked
         ]

@@ -22,6 +22,7 @@ from fid.data.questions import load_questions
 from fid.models.loading import load_retriever
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.retrieval.index import PassageIndex
+from fid.retrieval.index_sources import check_index_sources
 from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
@@ -136,6 +137,7 @@ def retrieve(
         model_path, cfg.question_max_tokens, None, device, override=cfg.override_model_settings
     )
     index = PassageIndex.load(index_path, expected_dim=retriever.dim)
+    check_index_sources(index, index_path, model_path, passages_path)
     set_search_knobs(index, cfg)
     injection = Injection.from_env(distributed.world()[0])
     if cfg.list_format == "compact":

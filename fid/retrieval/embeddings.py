@@ -7,8 +7,10 @@ in two halves (fid.runtime.oom).
 
 Embedding shards are written by `fid embed-passages` (one job per shard). Shard `k` of `n` with
 path prefix `P` is three files: `P.npy` (float16, (n_k, D)), `P.ids.npy` (the passage ids, a
-numpy unicode array) and `P.json` ({"shard", "n_shards", "count", "dim", "model"}). The arrays
-are saved with `allow_pickle=False`, so loading them runs no code.
+numpy unicode array) and `P.json` ({"shard", "n_shards", "count", "dim", "model", "encoder",
+"corpus"}: `encoder` the fingerprint of the model's weights, `corpus` the size and sampled
+sha256 of the passage file, which the index records and `fid retrieve` / `fid ask` check). The
+arrays are saved with `allow_pickle=False`, so loading them runs no code.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import numpy as np
 import torch
 
 from fid.config import EmbedPassagesConfig
-from fid.data.passages import Passage, iter_passages, passage_shard_bounds
+from fid.data.passage_store import passages_identity
+from fid.data.passages import Passage, count_lines, iter_passages, passage_shard_bounds
 from fid.errors import DataError
+from fid.models.fingerprint import model_fingerprint
 from fid.models.loading import load_retriever
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.runtime import distributed
@@ -36,6 +40,9 @@ from fid.runtime.progress import progress
 from fid.text_files import read_json
 
 logger = logging.getLogger(__name__)
+
+# What a shard records of the model and the corpus it came from (every shard the same).
+SOURCES = ("encoder", "corpus")
 
 
 def _chunks(items: Iterator, size: int) -> Iterator[list]:
@@ -136,6 +143,7 @@ def save_embedding_shard(
     n_shards: int,
     model: str,
     precision: str | None = None,
+    sources: dict | None = None,
 ) -> None:
     """Writes one shard of passage embeddings (`{prefix}.npy`, `.ids.npy`, `.json`), atomically.
 
@@ -150,6 +158,9 @@ def save_embedding_shard(
         n_shards: how many shards the passages were split into.
         model: name or path of the encoder, checked when shards are merged and queries encoded.
         precision: the precision the passages were embedded in (recorded).
+        sources: what identifies the encoder and the corpus (`{"encoder": ..., "corpus":
+            ...}`: fid.models.fingerprint, fid.data.passage_store.passages_identity),
+            recorded for the index to check its users against.
 
     Raises:
         ValueError: for a bad shape, an id count that differs from the row count, a duplicate
@@ -184,6 +195,7 @@ def save_embedding_shard(
     }
     if precision is not None:
         meta["precision"] = precision
+    meta.update(sources or {})
     atomic_write_json(meta_path, meta)
     logger.info(
         "wrote shard %d/%d: %d embeddings of d=%d to %s", shard, n_shards, *half.shape, prefix
@@ -301,8 +313,8 @@ def load_embedding_shards(
     shards = [_read_shard(prefix, mmap=True) for prefix in prefixes]
     first_prefix, (_, _, first) = prefixes[0], shards[0]
     for prefix, (_, _, meta) in zip(prefixes, shards, strict=True):
-        for key in ("dim", "model", "n_shards"):
-            if meta[key] != first[key]:
+        for key in ("dim", "model", "n_shards", *SOURCES):
+            if meta.get(key) != first.get(key):
                 raise DataError(
                     f"embedding shards disagree on {key}: {first_prefix} has {first[key]!r}, "
                     f"{prefix} has {meta[key]!r}. Hint: all shards must come from one "
@@ -333,6 +345,7 @@ def load_embedding_shards(
         "dim": first["dim"],
         "model": first["model"],
         "shards": [str(prefix) for prefix in prefixes],
+        **{key: first[key] for key in SOURCES if key in first},
     }
     logger.info("opened %d embeddings of d=%d in %d shards", len(ids), first["dim"], n_shards)
     return embeddings, ids, meta
@@ -371,9 +384,10 @@ def embed_passages(
     retriever, encode = load_retriever(
         model_path, None, cfg.passage_max_tokens, device, override=cfg.override_model_settings
     )
-    rows = end - start  # float16 vectors and their ids, before the hours of embedding
+    # float16 vectors and their ids, before the hours of embedding ([start, end) are bytes)
+    rows = count_lines(passages_path, start, end)
     warn_if_short_of_space(Path(output).parent, rows * (2 * retriever.dim + 16),
-                           f"{rows:,} embeddings of d={retriever.dim}")  # fmt: skip
+                           f"about {rows:,} embeddings of d={retriever.dim}")  # fmt: skip
     # "auto": bf16 on a GPU, and on a CPU that computes it natively for a model wide enough
     width = retriever.question_encoder.config.hidden_size
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device, width))
@@ -382,7 +396,9 @@ def embed_passages(
         retriever, encode, iter_passages(passages_path, start, end), cfg, device,
         injection=Injection.from_env(distributed.world()[0]),
     )  # fmt: skip
+    sources = {"encoder": model_fingerprint(model_path), "corpus": passages_identity(passages_path)}
     save_embedding_shard(
-        output, embeddings, ids, shard, n_shards, model=str(model_path), precision=cfg.precision
-    )
+        output, embeddings, ids, shard, n_shards, model=str(model_path), precision=cfg.precision,
+        sources=sources,
+    )  # fmt: skip
     logger.info("embedded %d passages (shard %d of %d)", len(ids), shard, n_shards)

@@ -3,7 +3,7 @@
 
 A `PassageIndex` folder holds `index.faiss` (`faiss.write_index`), `ids.npy` (row i of the faiss
 index is passage `ids[i]`), `meta.json` (dim, metric, count, model, factory, search knobs,
-faiss version, build time) and, for an index built with `rerank: true`, `vectors.npy`: every
+faiss version, build time, and what identifies the encoder and corpus: index_sources.py) and, for an index built with `rerank: true`, `vectors.npy`: every
 passage vector as float16, memory-mapped when loaded (fid.retrieval.rerank); for one built with
 `refine_residual`, `refine_codes.npy`, `refine_pq<i>.faiss`, `refine_layout.json` and (for a
 byte budget) `refine_rotation.npy` and `refine_query_map.npy`: the residual codes that re-score a shortlist in RAM
@@ -98,6 +98,9 @@ class PassageIndex:
             embeddings it was built from (float16 values), written out by `save`.
         refinement: with `cfg.refine_residual`, the residual codes (in RAM) that re-score
             shortlists.
+        sources: what identifies the encoder and the corpus the embeddings came from
+            ({"encoder", "corpus"}, fid.retrieval.index_sources); {} for an index from before
+            they were recorded.
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class PassageIndex:
         build_seconds: float | None = None,
         vectors: RowSource | None = None,
         refinement: ResidualRefinement | None = None,
+        sources: dict | None = None,
     ):
         assert index.ntotal == len(ids), (index.ntotal, len(ids))
         assert (vectors is not None) == cfg.rerank, "vectors are needed exactly when rerank"
@@ -120,6 +124,7 @@ class PassageIndex:
         self.cfg = cfg
         self.model = model
         self.build_seconds = build_seconds
+        self.sources = dict(sources or {})
         # The knobs this index type has ("nprobe" for IVF, "efSearch" for HNSW,
         # "quantizer_efSearch" for an IVF with an HNSW quantizer), found through any wrapper
         # (IndexPreTransform, IndexRefine, ...).
@@ -316,6 +321,7 @@ class PassageIndex:
             "refine_residual": self.cfg.refine_residual,
             "faiss_version": faiss.__version__,
             "build_seconds": self.build_seconds,
+            **self.sources,
         }
         with atomic_directory(folder) as tmp:
             faiss.write_index(self.index, str(tmp / INDEX_FILE))
@@ -425,6 +431,7 @@ class PassageIndex:
             build_seconds=meta.get("build_seconds"),
             vectors=vectors,
             refinement=refinement,
+            sources={key: meta[key] for key in ("encoder", "corpus") if key in meta},
         )
         logger.info("loaded %r from %s", loaded, folder)
         return loaded

@@ -16,7 +16,12 @@ import numpy as np
 
 from fid.config import ConfigError, IndexConfig
 from fid.errors import DataError
-from fid.retrieval.embeddings import ShardedEmbeddings, first_duplicate, load_embedding_shards
+from fid.retrieval.embeddings import (
+    SOURCES,
+    ShardedEmbeddings,
+    first_duplicate,
+    load_embedding_shards,
+)
 from fid.retrieval.index import METRICS, PassageIndex, faiss_message
 from fid.retrieval.residual_refine import ResidualRefinement, code_bytes
 from fid.runtime.fileio import warn_if_short_of_space
@@ -34,10 +39,11 @@ def build_index(cfg: IndexConfig, shards: Sequence[Path], output: Path) -> Passa
     embeddings, ids, meta = load_embedding_shards(shards)
     rows, dim = embeddings.shape
     # what is knowable before the build: Flat's vectors, the re-ranking copy, the ids
-    refine = code_bytes(cfg.refine_residual) if cfg.refine_residual else 0
+    refine = code_bytes(cfg.refine_residual, dim) if cfg.refine_residual else 0
     needed = rows * (4 * dim * (cfg.factory.strip() == "Flat") + 2 * dim * cfg.rerank + refine + 16)
     warn_if_short_of_space(Path(output).parent, needed, f"an index of {rows:,} passages")
     index = build_passage_index(embeddings, ids, cfg, model=meta["model"])
+    index.sources = {key: meta[key] for key in SOURCES if key in meta}
     index.save(output)
     logger.info("indexed %d passages (%s) into %s", index.count, cfg.factory, output)
     return index

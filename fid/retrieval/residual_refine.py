@@ -91,10 +91,12 @@ CHECK_ROWS, CHECK_QUERIES = 256, 16
 BASE_SCORE_TOLERANCE = 1e-4
 
 
-def code_bytes(spec: str | int) -> int:
-    """Bytes of residual codes a passage, at most: a budget itself, or the stages'."""
+def code_bytes(spec: str | int, dim: int) -> int:
+    """Bytes of residual codes a passage, at most: the stages', or a budget's, which the
+    finest rate caps (8 bits a dimension and the scale: a larger budget codes no finer)."""
     if isinstance(spec, int):
-        return spec
+        finest = max(bits / dsub for dsub, bits in RATES)
+        return min(spec, math.ceil(dim * finest / 8) + SCALE_BYTES)
     return sum(_stage_bytes(m, bits) for m, bits in parse_refine_stages(spec))
 
 

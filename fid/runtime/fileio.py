@@ -85,9 +85,13 @@ def temporary_directory(path: str | Path) -> Path:
 
 
 def fsync_files(folder: Path) -> None:
-    """Flushes every file under `folder` to disk (before the folder is renamed into place)."""
+    """Flushes every file under `folder` to disk (before the folder is renamed into place),
+    each with the permissions a plain open() gives under the umask: some writers create
+    their files 0600 (safetensors), which colleagues on a shared cluster could not read."""
+    mode = _default_mode(directory=False)
     for file in folder.rglob("*"):
-        if file.is_file():
+        if file.is_file() and not file.is_symlink():
+            os.chmod(file, mode | (file.stat().st_mode & 0o111))
             with open(file, "rb") as handle:
                 os.fsync(handle.fileno())
 

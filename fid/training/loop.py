@@ -50,7 +50,7 @@ from fid.training.checkpoint import (
     warn_if_checkpoints_do_not_fit,
     write_training_state,
 )
-from fid.training.manifest import seal_shared_checkpoint
+from fid.training.manifest import seal_checkpoint, seal_shared_checkpoint
 from fid.training.oom import StepRecovery
 from fid.training.optim import build_optimizer, build_scheduler
 from fid.training.resume import (
@@ -430,6 +430,13 @@ def _save_best(task: TrainTask, best_dir: Path, dev_metrics: dict, sharded: bool
             task.save_model(tmp)
         if main:
             atomic_write_json(tmp / "dev_metrics.json", dev_metrics)
+        # Sealed like a step checkpoint: the export verifies it (a best_dev damaged by a kill
+        # or a bad disk is never exported as the run's model).
+        if sharded:
+            distributed.barrier()
+            seal_shared_checkpoint(tmp)
+        else:
+            seal_checkpoint(tmp)
     distributed.barrier()
 
 

@@ -73,7 +73,8 @@ def distillation_example(
     if example.answers:
         matcher = AnswerMatcher(example.answers)
         flags = [
-            bool(c["has_answer"]) if "has_answer" in c else matcher.matches(c["text"]) for c in ctxs
+            c["has_answer"] if c.get("has_answer") is not None else matcher.matches(c["text"])
+            for c in ctxs
         ]
     return DistillationExample(
         question=example.question,

@@ -17,10 +17,12 @@ import torch
 import yaml
 
 from fid.config import TrainingConfig, config_to_dict
+from fid.errors import CheckpointError
 from fid.runtime import distributed
 from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import atomic_directory
 from fid.training.loop import TrainTask, run_training
+from fid.training.manifest import MANIFEST, read_manifest, verify_checkpoint
 from fid.training.resume import input_fingerprints
 from fid.training.state_lock import hold_state
 from fid.training.states import mark_finished, start_run
@@ -80,7 +82,19 @@ def train_and_export(
 def export_best_model(state_dir: str | Path, output_dir: str | Path, record: dict) -> None:
     """Writes best_dev, with the run's metrics.jsonl and config, atomically to `output_dir`."""
     state_dir = Path(state_dir)
+    best = state_dir / "best_dev"
+    if read_manifest(best) is None:  # a state from before best_dev was sealed
+        logger.warning("%s has no %s (written by an older fid): exported unverified", best,
+                       MANIFEST)  # fmt: skip
+    else:
+        try:
+            verify_checkpoint(best)
+        except CheckpointError as error:
+            raise CheckpointError(
+                f"{error}: the best dev model is damaged and was not exported to {output_dir}. "
+                f"Hint: restore {best} from a backup, or train again in a new state folder"
+            ) from None
     with atomic_directory(output_dir) as tmp:
-        shutil.copytree(state_dir / "best_dev", tmp, dirs_exist_ok=True)
+        shutil.copytree(best, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST))
         shutil.copy(state_dir / "metrics.jsonl", tmp / "metrics.jsonl")
         (tmp / "train_config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
