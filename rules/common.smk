@@ -185,7 +185,9 @@ for name in SIGNALS:
         )
 _signal_knobs = {}  # signal -> its (scoring, retriever) knobs
 for name in SIGNALS:
-    knobs = tuple(CHECKED[f"{s}_signal_{name}"] for s in ("score_passages", "retriever"))
+    knobs = tuple(
+        CHECKED[f"{s}_signal_{name}"] for s in ("score_passages", "retriever")
+    )
     for other, known in _signal_knobs.items():
         if known == knobs:
             fail(

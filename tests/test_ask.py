@@ -145,15 +145,33 @@ def _broken(run: Path, tmp: Path, case: str) -> tuple[list, str]:
         return ["--run", copy], f"{copy / 'iter0/index'}: index folder is missing ids.npy"
     if case == "round_not_trained":
         return ["--run", copy, "--round", 3], f"{copy / 'iter3/reader/model'}: round 3"
+    if case == "another_encoder":  # the same shape, other weights: same width, other scores
+        retriever = copy / "iter0/retriever/model"
+        _other_weights(retriever)
+        return ["--run", copy], "the questions would be encoded by"
+    if case == "another_corpus":  # the same ids, other texts
+        tsv = copy / "data/demo/world/passages.tsv"
+        tsv.write_text(tsv.read_text().replace(" the ", " a "))
+        return ["--run", copy], f"the passages given, {tsv}, are another file"
     assert case == "passages_missing"
     (copy / "data/demo/world/passages.tsv").unlink()
     return ["--run", copy], f"{copy}: no passages found"
 
 
+def _other_weights(retriever: Path) -> None:
+    """The retriever's folder with its encoder's weights drawn again (same shapes)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = retriever / "question_encoder" / "model.safetensors"
+    tensors = load_file(weights)
+    save_file({name: torch.randn_like(t) if t.is_floating_point() else t
+               for name, t in tensors.items()}, str(weights))  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "case",
     ["no_such_run", "no_trained_round", "index_missing", "index_incomplete", "round_not_trained",
-     "passages_missing"],
+     "passages_missing", "another_encoder", "another_corpus"],
 )  # fmt: skip
 def test_bad_input_is_one_line_naming_the_path(run, tmp_path, case, caplog, capsys):
     args, message = _broken(run, tmp_path, case)
@@ -168,3 +186,39 @@ def test_no_question_is_an_error(run, monkeypatch, caplog):
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n\n"))
     assert _ask("--run", run) == 1
     assert "no question" in caplog.text
+
+
+@pytest.mark.parametrize("case", ["another_encoder", "another_corpus"])
+def test_retrieve_refuses_another_encoder_or_corpus(run, tmp_path, case, caplog):
+    """`fid retrieve` checks the index as `fid ask` does: its encoder and corpus."""
+    _, message = _broken(run, tmp_path, case)
+    copy = tmp_path / "results" / case
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question": "who is it?", "answers": ["x"]}\n')
+    argv = ["retrieve", "--model", copy / "iter0/retriever/model", "--index", copy / "iter0/index",
+            "--passages", copy / "data/demo/world/passages.tsv", "--questions", questions,
+            "--output", tmp_path / "out.json"]  # fmt: skip
+    assert main([str(a) for a in argv]) == 1
+    assert message in caplog.text and str(copy / "iter0/index") in caplog.text
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_an_index_without_its_sources_is_used_with_a_warning(run, tmp_path, toy_world, caplog):
+    """An index built before fid recorded its encoder and corpus still answers, and says that
+    it could not be checked."""
+    copy = Path(shutil.copytree(run, tmp_path / "results" / "demo"))
+    meta_path = copy / "iter0/index/meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["encoder"]["weights_sha256"] and meta["corpus"]["sampled_sha256"]
+    meta_path.write_text(json.dumps({k: v for k, v in meta.items()
+                                     if k not in ("encoder", "corpus")}))  # fmt: skip
+    assert _ask("--run", copy, toy_world.splits["dev"][0].question) == 0
+    assert "records neither its encoder nor its corpus" in caplog.text
+
+
+def test_a_byte_order_mark_on_stdin_is_no_question_word(run, toy_world, monkeypatch, capsys):
+    question = toy_world.splits["dev"][0].question
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"\ufeff{question}\n"))
+    assert _ask("--run", run, "--json") == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["question"] == question

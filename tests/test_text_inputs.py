@@ -469,6 +469,10 @@ PROBES = [
 # fmt: on
 
 
+# The commands that read passages through a dense index (which records its corpus).
+DENSE = ("retrieve", "ask")
+
+
 @dataclass
 class Outcome:
     status: int
@@ -512,11 +516,30 @@ class Runner:
         in the folder `copy` (a path that starts with the input's is replaced too)."""
         command = commands(self.inputs)[name]
         argv = command.line(out)
+        replaced = {}
         if probe is not None:
-            old, new = str(self.inputs / probe.path), str(self.root / copy / probe.path)
+            replaced[str(self.inputs / probe.path)] = str(self.root / copy / probe.path)
+            if probe.command in DENSE and probe.path == "psgs.tsv":
+                replaced[str(self.inputs / "index")] = str(self._index_of(probe, copy))
+        for old, new in replaced.items():
             argv = [new + a[len(old):] if a == old or a.startswith(old + "/") else a
                     for a in argv]  # fmt: skip
         return command, _outcome(argv, caplog, capsys)
+
+    def _index_of(self, probe: Probe, copy: str) -> Path:
+        """The index with the probed passage file's identity recorded as its corpus: a dense
+        command refuses a passage file other than the one embedded (size and sampled sha256,
+        fid.retrieval.index_sources), so the text it then decodes is reached as for a change
+        that the sampled hash cannot see (a byte in the middle of a large corpus)."""
+        from fid.data.passage_store import passages_identity
+
+        index = self.root / copy / "index"
+        if not index.exists():
+            shutil.copytree(self.inputs / "index", index)
+            meta = json.loads((index / "meta.json").read_text())
+            meta["corpus"] = passages_identity(self.root / copy / probe.path)
+            (index / "meta.json").write_text(json.dumps(meta))
+        return index
 
     def reference(self, name: str, caplog, capsys) -> object:
         if name not in self.references:

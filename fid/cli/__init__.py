@@ -82,12 +82,21 @@ def _run(args: argparse.Namespace) -> int:
     from fid.runtime.fileio import check_writable
     from fid.runtime.launcher import DistributedError, init_from_env
     from fid.runtime.logs import setup_logging
-    from fid.runtime.output_guard import check_outputs, mark_outputs
+    from fid.runtime.output_guard import OutputCollision, check_outputs, mark_outputs
 
     try:
         info = init_from_env()
     except DistributedError as error:
         setup_logging(rank=0)
+        logger.error("%s", error)
+        return EXIT_ERROR
+    # What the outputs would replace, checked first, before the log file is opened (it may be
+    # the path a typo gave): never an input, the state, or what fid did not write there.
+    try:
+        paths = command_paths(args)
+        check_outputs(paths, replace=getattr(args, "replace", False))
+    except OutputCollision as error:
+        setup_logging(rank=info.rank)
         logger.error("%s", error)
         return EXIT_ERROR
     log_file = args.log_file
@@ -107,10 +116,6 @@ def _run(args: argparse.Namespace) -> int:
     distributed = None
     args.device = None
     try:
-        # What the outputs would replace, checked first: never an input, the state, or what
-        # fid did not write there (fid.runtime.output_guard).
-        paths = command_paths(args)
-        check_outputs(paths, replace=getattr(args, "replace", False))
         if args.runs_models or info.is_distributed:
             from fid.runtime import distributed
             from fid.runtime.heap import return_freed_memory

@@ -89,7 +89,9 @@ def _short(value: Any, limit: int = 80) -> str:
 def _yaml_number_hint(value: Any, tp: Any) -> str:
     """Why a number may have arrived as a string: YAML 1.1 (PyYAML) reads `1e-4` as text (its
     floats need a dot: `1.0e-4`)."""
-    if not isinstance(value, str) or not any(_matches(1.0, t) for t in (tp, *typing.get_args(tp))):
+    floats = tp is float or (typing.get_origin(tp) in (typing.Union, types.UnionType)
+                             and float in typing.get_args(tp))  # fmt: skip
+    if not isinstance(value, str) or not floats:
         return ""
     try:
         number = float(value)

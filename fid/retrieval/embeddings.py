@@ -15,6 +15,7 @@ arrays are saved with `allow_pickle=False`, so loading them runs no code.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -33,7 +34,7 @@ from fid.models.fingerprint import model_fingerprint
 from fid.models.loading import load_retriever
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.runtime import distributed
-from fid.runtime.fileio import atomic_path, atomic_write_json, warn_if_short_of_space
+from fid.runtime.fileio import atomic_paths, warn_if_short_of_space
 from fid.runtime.oom import BatchSplitter, Injection
 from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
@@ -122,8 +123,8 @@ def _shard_paths(prefix: str | Path) -> tuple[Path, Path, Path]:
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
     # Write through a handle: np.save appends ".npy" to a path name, which would miss the
-    # temporary file that atomic_path moves into place.
-    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+    # temporary file that is moved into place.
+    with open(path, "wb") as handle:
         np.save(handle, array, allow_pickle=False)
 
 
@@ -147,8 +148,9 @@ def save_embedding_shard(
 ) -> None:
     """Writes one shard of passage embeddings (`{prefix}.npy`, `.ids.npy`, `.json`), atomically.
 
-    Each file is replaced atomically; the `.json` is written last, and `load_embedding_shard`
-    checks it against the arrays, so a shard that a crash left half-rewritten is detected.
+    The three files are written under temporary names and moved into place together (a
+    failure before the last move leaves none); `load_embedding_shard` also checks the `.json`
+    against the arrays.
 
     Args:
         prefix: path prefix of the three files (e.g. `.../embeddings/shard0`).
@@ -183,9 +185,6 @@ def save_embedding_shard(
         raise DataError(
             "embeddings hold values that are not finite in float16 (|x| > 65504, inf or nan)"
         )
-    emb_path, ids_path, meta_path = _shard_paths(prefix)
-    _save_npy(emb_path, half)
-    _save_npy(ids_path, np.array(ids, dtype=str))
     meta = {
         "shard": shard,
         "n_shards": n_shards,
@@ -196,7 +195,11 @@ def save_embedding_shard(
     if precision is not None:
         meta["precision"] = precision
     meta.update(sources or {})
-    atomic_write_json(meta_path, meta)
+    # the three files appear together or not at all (a full disk at the last leaves none)
+    with atomic_paths(*_shard_paths(prefix)) as (emb_tmp, ids_tmp, meta_tmp):
+        _save_npy(emb_tmp, half)
+        _save_npy(ids_tmp, np.array(ids, dtype=str))
+        meta_tmp.write_text(json.dumps(meta, indent=2) + "\n")
     logger.info(
         "wrote shard %d/%d: %d embeddings of d=%d to %s", shard, n_shards, *half.shape, prefix
     )

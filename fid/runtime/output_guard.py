@@ -7,10 +7,12 @@ an input would turn the corpus into an index. The rules, for every `fid` subcomm
 - an output is never an input of the same call, never a folder that holds an input, never
   inside an input folder, never the training state folder (nor its parent or a path inside
   it), and never another output of the call; `--replace` does not lift these;
-- an output that already exists is replaced only when fid wrote it there for the same kind of
-  output (`fid build-index --output`, ...) and nothing changed it since: the marker beside it,
+- an output that already exists is replaced only when it holds no file (the empty folders that
+  Snakemake makes for a job's outputs) or fid wrote it there for the same kind of output
+  (`fid build-index --output`, ...) and holds nothing else: the marker beside it,
   `.NAME.fid-output.json`, records the kind and the size and modification time of every file
-  fid wrote (a manifest); anything else is refused unless the command is given `--replace`;
+  fid wrote (a manifest), and every file there now must be one of them, unchanged (removed
+  ones are fine); anything else is refused unless the command is given `--replace`;
 - a log file (`--log-file`, appended to) is never an input, an output or inside an output.
 
 Each refusal is one error naming both paths, raised before any work. Markers are written by
@@ -183,10 +185,20 @@ def _exists(output: Output) -> bool:
     return any(os.path.lexists(path) for path in output.written)
 
 
+def _holds_nothing(path: Path) -> bool:
+    """A folder with no file anywhere below it (Snakemake makes the folders of a job's outputs
+    before the job runs): replacing it loses nothing."""
+    return (
+        path.is_dir()
+        and not path.is_symlink()
+        and not any(not entry.is_dir() or entry.is_symlink() for entry in path.rglob("*"))
+    )
+
+
 def _check_replaceable(output: Output, kind: str) -> None:
     """An existing output is replaced only when its marker says fid wrote it as `kind` and its
     files are the ones fid wrote (same names, sizes and modification times)."""
-    if not _exists(output):
+    if not _exists(output) or (not output.suffixes and _holds_nothing(output.path)):
         return
     where = f"{_flag(output.flag)} {output.path}"
     try:
@@ -208,15 +220,15 @@ def _check_replaceable(output: Output, kind: str) -> None:
             f"{where} exists and was written by `{marked_kind}`, not as `{kind}`: another kind "
             f"of output. Nothing was done. Hint: {_REPLACE_HINT}"
         )
+    # Every file there now must be one fid wrote, as it wrote it; files removed since (a
+    # workflow deletes a job's declared outputs before it reruns the job) lose nothing.
     now = _entries(output)
-    if now != marked_entries:
-        changed = sorted(set(now) ^ set(marked_entries)) or sorted(
-            name for name in now if now[name] != marked_entries.get(name)
-        )
+    changed = sorted(name for name in now if now[name] != marked_entries.get(name))
+    if changed:
         names = ", ".join(name or output.path.name for name in changed[:3])
         raise OutputCollision(
-            f"{where} changed since `{kind}` wrote it ({names}: added, removed or modified "
-            f"since {marker.get('written', '?')}). Nothing was done. Hint: {_REPLACE_HINT}"
+            f"{where} changed since `{kind}` wrote it ({names}: added or modified since "
+            f"{marker.get('written', '?')}). Nothing was done. Hint: {_REPLACE_HINT}"
         )
 
 

@@ -90,6 +90,30 @@ def test_distillation_signal_knobs_checked_where_they_are_set(tmp_path):
     _fails(tmp_path, config, "'a/b' does not match")
 
 
+def test_a_key_given_twice_names_both_lines(tmp_path):
+    """Snakemake's loader keeps the last of two keys: a signal named twice ran the second's
+    mode. The workflow refuses the file, naming the key and both lines."""
+    config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals={})
+    text = config.read_text().replace(
+        "distillation_signals: {}",
+        "distillation_signals:\n  pd:\n    score_passages: {mode: pdist}\n"
+        "  pd:\n    score_passages: {mode: loop}",
+    )
+    config.write_text(text)
+    lines = text.splitlines()
+    first = lines.index("  pd:") + 1
+    _fails(tmp_path, config, "key 'pd' is given twice", f"(line {first} and line {first + 2})")
+
+
+def test_two_signals_with_the_same_knobs(tmp_path):
+    """Both would be scored, trained, embedded and indexed: twice the work for one row."""
+    signals = {"pdist": {"score_passages": {"mode": "pdist"}},
+               "pdist_again": {"score_passages": {"mode": "pdist"}}}  # fmt: skip
+    config = write_config(tmp_path / "c.yaml", DEMO, distillation_signals=signals)
+    _fails(tmp_path, config, "config key 'distillation_signals.pdist_again'",
+           "its knobs are those of distillation_signals.pdist")  # fmt: skip
+
+
 def test_srun_job_with_one_task_per_node(tmp_path):
     """snakemake-executor-plugin-slurm refuses it at submission, after other jobs ran."""
     nq = yaml.safe_load((ROOT / "config" / "nq.yaml").read_text())
