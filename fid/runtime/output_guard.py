@@ -10,9 +10,10 @@ an input would turn the corpus into an index. The rules, for every `fid` subcomm
 - an output that already exists is replaced only when it holds no file (the empty folders that
   Snakemake makes for a job's outputs) or fid wrote it there for the same kind of output
   (`fid build-index --output`, ...) and holds nothing else: the marker beside it,
-  `.NAME.fid-output.json`, records the kind and the size and modification time of every file
-  fid wrote (a manifest), and every file there now must be one of them, unchanged (removed
-  ones are fine); anything else is refused unless the command is given `--replace`;
+  `.NAME.fid-output` (JSON, without a .json suffix that `*.json` globs would match), records
+  the kind and the size and modification time of every file fid wrote (a manifest), and
+  every file there now must be one of them, unchanged (removed ones are fine); anything else
+  is refused unless the command is given `--replace`;
 - a log file (`--log-file`, appended to) is never an input, an output or inside an output.
 
 Each refusal is one error naming both paths, raised before any work. Markers are written by
@@ -35,7 +36,7 @@ from fid.runtime.fileio import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
-MARKER_SUFFIX = ".fid-output.json"
+MARKER_SUFFIX = ".fid-output"
 MARKER_FORMAT = "fid-output"
 _REPLACE_HINT = "give another path, or add --replace to replace it"
 
