@@ -116,8 +116,8 @@ rule prepare_questions:
         index=lambda wc, input: (
             ["--index", input.index] if "index" in input.keys() else []
         ),
-        # checked after the split is written (a warning); a function of `output`, so that
-        # writing the expected size into the config reruns nothing
+        # another size is refused (prepare.accept_other_size: a warning); a function of
+        # `output`, so that writing the expected size into the config reruns nothing
         size=lambda wc, output: (
             ["--expected-size", DATA["questions"][wc.split]["expected_size"]]
             if "expected_size" in DATA["questions"][wc.split]

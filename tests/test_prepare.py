@@ -101,14 +101,23 @@ def test_nq_test_split_keeps_and_scores_all_3610_questions(tmp_path, caplog):
     assert "should hold" not in caplog.text
 
 
-def test_a_split_of_another_size_is_a_warning_naming_both_numbers(raw, tmp_path, caplog):
+def test_a_split_of_another_size_is_refused_naming_both_numbers(raw, tmp_path, caplog):
+    """Training days on a wrong split cost more than a stop: refused before it is written;
+    `accept_other_size: true` writes it with a warning."""
     out = tmp_path / "out.jsonl"
     (tmp_path / "idx.json").write_text("[7, 2, 9]")
-    code = main(["prepare-questions", "--input", str(raw), "--index", str(tmp_path / "idx.json"),
-                 "--output", str(out), "--expected-size", "8757"])  # fmt: skip
-    assert code == 0 and len(_read(out)) == 3
+    argv = ["prepare-questions", "--input", str(raw), "--index", str(tmp_path / "idx.json"),
+            "--output", str(out), "--expected-size", "8757"]  # fmt: skip
+    assert main(argv) == 1 and not out.exists()
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and f"{raw}: the split selects 3 questions" in errors[0], errors
+    assert "should hold 8757" in errors[0] and "accept_other_size: true" in errors[0]
+    caplog.clear()
+    (tmp_path / "accept.yaml").write_text("accept_other_size: true\n")
+    assert main([*argv, "--config", str(tmp_path / "accept.yaml")]) == 0
+    assert len(_read(out)) == 3
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert any("3 questions, but this split should hold 8757" in w for w in warnings), warnings
+    assert any("selects 3 questions, but this split should hold 8757" in w for w in warnings)
 
 
 def _fid_triviaqa_target(answer: dict) -> str:

@@ -70,6 +70,9 @@ class PrepareQuestionsConfig:
             src/preprocess.py: `Answer.Value`, title-cased when it is all upper case, kept as
             the record's `target`) or "random_alias" (no target: training draws one of the
             aliases). Either way every alias is an answer that evaluation accepts.
+        accept_other_size: write a split whose size is not `--expected-size` with a warning
+            (default: refused, naming both numbers: days of training on a wrong split cost
+            more than a stop).
     """
 
     shuffle_seed: int | None = None
@@ -78,6 +81,7 @@ class PrepareQuestionsConfig:
     max_questions: int | None = None
     drop_unlabeled: bool = False
     triviaqa_target: Literal["value", "random_alias"] = "value"
+    accept_other_size: bool = False
 
     def __post_init__(self):
         if not 0.0 <= self.select_from < self.select_to <= 1.0:

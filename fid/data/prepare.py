@@ -13,7 +13,8 @@ Answers are kept as the file gives them, as FiD keeps them: an answer that norma
 empty string ("A+" in NQ-open) is scored as FiD scores it (only a prediction that normalises to
 the empty string matches it), so NQ's test split holds all of FiD's 3,610 questions. A split
 whose size differs from the one expected (`--expected-size`, the split sizes of FiD and DPR in
-config/nq.yaml and tqa.yaml) is written with a warning that names both numbers.
+config/nq.yaml and tqa.yaml) is refused, naming both numbers (`accept_other_size`: written,
+with a warning).
 """
 
 from __future__ import annotations
@@ -71,13 +72,22 @@ def _log_unscoreable_answers(questions: list[dict], source: Path) -> None:
         )  # fmt: skip
 
 
-def _check_size(n: int, expected: int | None, output: Path) -> None:
-    if expected is not None and n != expected:
-        logger.warning(
-            "%s: %d questions, but this split should hold %d (data.questions expected_size: "
-            "FiD's and DPR's split sizes). Hint: check the question file and its index",
-            output, n, expected,
-        )  # fmt: skip
+def _check_size(n: int, expected: int | None, source: Path, accept: bool) -> None:
+    """A split of another size than expected: refused (DataError) before it is written, or
+    a warning with `accept_other_size`."""
+    if expected is None or n == expected:
+        return
+    said = (f"{source}: the split selects {n} questions, but this split should hold {expected} "
+            "(--expected-size; the workflow's data.questions.<split>.expected_size: FiD's and "
+            "DPR's split sizes)")  # fmt: skip
+    if accept:
+        logger.warning("%s; written, as accept_other_size is set", said)
+        return
+    raise DataError(
+        f"{said}. Nothing was written. Hint: check the question file and its index; to train "
+        "on it as it is, set accept_other_size: true (the workflow: data.questions.<split>."
+        "prepare.accept_other_size)"
+    )
 
 
 def prepare_questions(
@@ -94,13 +104,15 @@ def prepare_questions(
         output_path: the jsonl to write (atomically).
         cfg: fraction, shuffling and filtering, TriviaQA's target.
         index_path: optional json list of the positions to keep, in their order.
-        expected_size: the questions the split should hold; another number is a warning.
+        expected_size: the questions the split should hold; another number is refused
+            (a warning with `cfg.accept_other_size`).
 
     Returns:
         The number of questions written.
 
     Raises:
-        DataError: an unreadable input or index, or a selection that keeps no question.
+        DataError: an unreadable input or index, a selection that keeps no question, or a
+            split of another size than `expected_size`.
     """
     input_path = Path(input_path)
     questions = load_questions(input_path, cfg.triviaqa_target)
@@ -122,9 +134,9 @@ def prepare_questions(
             f"{input_path}: the selection keeps no question (from {cfg.select_from} to "
             f"{cfg.select_to} of {n}). Hint: widen the fraction."
         )
+    _check_size(len(questions), expected_size, input_path, cfg.accept_other_size)
     atomic_write_jsonl(output_path, questions)
     logger.info("wrote %d of %d questions of %s to %s", len(questions), n, input_path, output_path)
-    _check_size(len(questions), expected_size, Path(output_path))
     return len(questions)
 
 

@@ -45,7 +45,8 @@ def _sources(folder):
             tar.addfile(info, io.BytesIO(data))
 
 
-def _config(workdir, src, run="r1", download=None, urls=None, pin=None, sizes=(20, 5, 6)):
+def _config(workdir, src, run="r1", download=None, urls=None, pin=None, sizes=(20, 5, 6),
+            accept=("test",)):  # fmt: skip
     """A files config whose data all come from file:// downloads (tiny models otherwise)."""
     config = yaml.safe_load(TINY.read_text())
     urls = {name: f"file://{src / name}" for name in ("psgs.tsv.gz", "questions.jsonl")} | (
@@ -70,6 +71,8 @@ def _config(workdir, src, run="r1", download=None, urls=None, pin=None, sizes=(2
     }  # fmt: skip
     for split, size in zip(SPLITS, sizes or (), strict=False):
         questions[split]["expected_size"] = size
+    for split in accept:  # a split of another size is written, with a warning
+        questions[split]["prepare"] = {"accept_other_size": True}
     config.update(run=run, dataset="ds", download=download or {"timeout_s": 30, "retries": 2})
     config["data"] = {
         "source": "files",
@@ -105,15 +108,30 @@ def data_run(tmp_path_factory):
 def test_the_data_stage_runs(data_run):
     test = [json.loads(line) for line in (data_run / TARGETS[2]).read_text().splitlines()]
     assert len(test) == 5 and all(q["answers"] for q in test)
-    # the test split's expected size (6) is not what its index selects: a warning, on the console
+    # the test split's expected size (6) is not what its index selects, and the config accepts
+    # it: a warning, on the console
     console = (data_run / "console.txt").read_text()
-    assert "5 questions, but this split should hold 6" in console
+    assert "selects 5 questions, but this split should hold 6" in console
     assert "should hold 20" not in console and "should hold 5" not in console
     record = json.loads(
         (data_run / "resources/ds/downloads/checksums/index.tar.gz.json").read_text()
     )
     assert record["expected"] is None and len(record["sha256"]) == 64
     assert _planned(data_run, _config(data_run, data_run / "src"), *TARGETS) == []
+
+
+def test_a_split_of_another_size_stops_the_run(data_run, tmp_path):
+    """Without accept_other_size the split is refused: the job fails naming the file, both
+    numbers and the key that accepts it."""
+    config = _config(data_run, data_run / "src", run="r3", accept=())
+    target = TARGETS[2].replace("/r1/", "/r3/")
+    result = snakemake(data_run, "--cores", "1", target, "--configfile", str(config),
+                       timeout=300)  # fmt: skip
+    message = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "the split selects 5 questions, but this split should hold 6" in message
+    assert "data.questions.<split>.prepare.accept_other_size" in message
+    assert not (data_run / target).exists()
 
 
 def test_pinning_the_recorded_digest_reruns_nothing(data_run):
