@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import socket
 import tarfile
 import threading
@@ -134,12 +135,19 @@ def _started(tmp_path, name, data, url, size=None, etag=None):
     (tmp_path / f"{name}.part.json").write_text(json.dumps(sidecar))
 
 
-def test_partial_file_of_a_killed_run_is_resumed(server, tmp_path):
+def test_partial_file_of_a_killed_run_is_resumed(server, tmp_path, caplog):
     server.files["/big.bin"] = PAYLOAD
     server.etags["/big.bin"] = '"v1"'
     out = tmp_path / "big.bin"
     _started(tmp_path, "big.bin", PAYLOAD[:500_000], f"{server.url}/big.bin", len(PAYLOAD), '"v1"')
-    download(f"{server.url}/big.bin", out, SHA256, FAST)
+    with caplog.at_level(logging.INFO):
+        download(f"{server.url}/big.bin", out, SHA256, FAST)
+    # said on a workflow job's console too (the record carries CONSOLE), with how far it was
+    (resumed,) = [r for r in caplog.records if r.getMessage().startswith("resuming")]
+    assert getattr(resumed, "console", False)
+    assert f"from byte 500000 ({100 * 500_000 / len(PAYLOAD):.0f}% of {len(PAYLOAD):,} bytes)" in (
+        resumed.getMessage()
+    )
     assert out.read_bytes() == PAYLOAD
     assert server.requests == [("/big.bin", "bytes=500000-")]
     assert (

@@ -111,9 +111,9 @@ def test_retrieve_bm25_and_eval_retrieval_log_progress(tmp_path, monkeypatch):
     search = re.findall(r"BM25 search: (\d+)/200 questions \(\d+%\), [\d.,]+ questions/s, "
                         r"elapsed \d\d:\d\d, (?:ETA \d\d:\d\d|done)", text)  # fmt: skip
     assert search == ["50", "100", "150", "200"], text
-    assert re.search(r"fid.retrieval.bm25: tokenize: [\d,]+ passages, [\d.,]+ passages/s", text), (
-        text
-    )
+    assert re.search(r"fid.retrieval.bm25: tokenize: 167/167 passages \(100%\), .*done", text), text
+    for k in (1, 2, 3):  # bm25s's builder reads the documents three times
+        assert re.search(rf"BM25 index, pass {k} of 3: 167/167 passages \(100%\).*done", text)
     assert re.search(r"fid.retrieval.bm25: fetch passages: \d+/\d+ rows \(100%\).*done", text), text
     assert re.search(
         r"fid.metrics.retrieval: has-answer: 200/200 questions \(100%\).*done", text
@@ -194,3 +194,47 @@ def test_a_workflow_jobs_console_shows_its_progress_results_and_warnings(
     text = log_file.read_text()
     assert "INFO fid.training.checkpoint: saved checkpoint" in text
     assert re.search(r"INFO fid.training.loop: train: 40/40 steps \(100%\)", text)
+
+
+def test_bytes_are_shown_as_sizes(clock, caplog):
+    caplog.set_level(logging.INFO)
+    with progress(desc="download psgs_w100.tsv.gz", unit="B", total=4_700_000_000, log=log,
+                  initial=1_000_000_000, interval_s=10) as bar:  # fmt: skip
+        clock.now += 20.0
+        bar.update(500_000_000)
+    assert _lines(caplog)[0] == (
+        "download psgs_w100.tsv.gz: 1.5 GB/4.7 GB (32%), 25.0 MB/s, elapsed 00:20, ETA 02:08"
+    )
+
+
+def test_download_checksum_and_extraction_show_progress_on_the_console(tmp_path, monkeypatch):
+    """A workflow job's console (`--log-file`) gets byte counts, rate and ETA for a download
+    (also when it resumes), its checksum and an extraction: not silence until "Finished"."""
+    import gzip
+    import os
+    import sys
+
+    payload = os.urandom(3_000_000)
+    source = tmp_path / "psgs.tsv.gz"
+    source.write_bytes(gzip.compress(payload, compresslevel=1))
+    env = {**os.environ, PROGRESS_INTERVAL_ENV: "0"}
+    log_file = tmp_path / "logs" / "download.log"
+    part = tmp_path / "psgs.tsv.gz.part"
+    status, shown = _run_on_a_terminal(
+        [sys.executable, "-m", "fid", "--log-file", str(log_file), "download", "--settings",
+         "chunk_bytes: 65536", "--url", source.as_uri(), "--output", str(tmp_path / "g.gz")],
+        env,
+    )  # fmt: skip
+    assert status == 0, shown[-3000:]
+    size = source.stat().st_size
+    assert re.search(rf"download psgs.tsv.gz: [\d.]+ [kM]B/{size / 1e6:.1f} MB \(\d+%\), "
+                     r"[\d.]+ [kMG]B/s, elapsed", shown), shown  # fmt: skip
+    assert re.search(r"checksum g.gz.part: .* \(100%\).*done", shown), shown
+    assert not part.exists()
+    extracted = tmp_path / "p.tsv"
+    status, shown = _run_on_a_terminal(
+        [sys.executable, "-m", "fid", "--log-file", str(log_file), "extract", "--archive",
+         str(tmp_path / "g.gz"), "--output", str(extracted)], env,
+    )  # fmt: skip
+    assert status == 0 and extracted.read_bytes() == payload, shown[-3000:]
+    assert re.search(r"extract g.gz: .*\(100%\).*done", shown), shown

@@ -20,8 +20,8 @@ class DownloadConfig:
             large file goes on as long as it progresses.
         retry_wait_s: pause before the first retry; doubled for each further one ...
         max_retry_wait_s: ... up to this ceiling.
-        chunk_bytes: bytes read and written at a time.
-        log_every_bytes: progress is logged every this many bytes.
+        chunk_bytes: bytes read and written at a time. (Progress is logged as every long
+            loop's is: at most every FID_PROGRESS_INTERVAL_S seconds, on the job's console.)
     """
 
     timeout_s: float = 60.0
@@ -29,7 +29,6 @@ class DownloadConfig:
     retry_wait_s: float = 2.0
     max_retry_wait_s: float = 60.0
     chunk_bytes: int = 1 << 20
-    log_every_bytes: int = 1 << 30
 
     def __post_init__(self):
         if self.timeout_s <= 0:
@@ -48,7 +47,7 @@ class DownloadConfig:
                 f"max_retry_wait_s = {self.max_retry_wait_s!r} is out of range: expected >= "
                 f"retry_wait_s ({self.retry_wait_s!r})"
             )
-        for name in ("chunk_bytes", "log_every_bytes"):
+        for name in ("chunk_bytes",):
             if getattr(self, name) < 1:
                 raise ConfigError(
                     f"{name} = {getattr(self, name)!r} is out of range: expected >= 1"

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fid.config import DownloadConfig
+from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import atomic_write_json
+from fid.runtime.progress import progress
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +99,9 @@ def _open(url: str, part: Path, resource: dict | None, cfg: DownloadConfig):
     offset = part.stat().st_size if resource is not None else 0
     request = urllib.request.Request(url, headers={"User-Agent": "fid-download"})
     if offset:
-        logger.info("resuming %s from byte %d", url, offset)
+        size = resource.get("size")
+        done = f"{100 * offset / size:.0f}% of {size:,} bytes" if size else "size unknown"
+        logger.info("resuming %s from byte %d (%s)", url, offset, done, extra=CONSOLE)
         request.add_header("Range", f"bytes={offset}-")
         validator = resource.get("etag") or resource.get("last_modified")
         if validator and not validator.startswith("W/"):  # If-Range takes strong ETags only
@@ -170,15 +174,15 @@ def _fetch(url: str, part: Path, cfg: DownloadConfig, size: int | None, attempt:
                 "and whether this machine reaches the internet through a proxy"
             )
         chunk = b"" if offset else _start(url, part, response, total, cfg)
-        written, next_log = offset, offset + cfg.log_every_bytes
-        with open(part, "ab" if offset else "wb") as out:
+        written = offset
+        name = Path(urllib.parse.urlsplit(url).path).name or url
+        bar = progress(desc=f"download {name}", unit="B", total=total, initial=offset, log=logger)
+        with open(part, "ab" if offset else "wb") as out, bar:
             while chunk or (chunk := response.read(cfg.chunk_bytes)):
                 out.write(chunk)
                 written += len(chunk)
                 attempt.received += len(chunk)
-                if written >= next_log:
-                    logger.info("%s: %.2f GB", url, written / 1e9)
-                    next_log += cfg.log_every_bytes
+                bar.update(len(chunk))
                 chunk = b""
     if total is not None and written < total:
         raise http.client.IncompleteRead(b"", total - written)

@@ -39,7 +39,7 @@ from bm25s.tokenization import Tokenizer
 from fid.config import BM25Config, ConfigError
 from fid.config.retrieval import LUCENE_STOPWORDS
 from fid.data.passage_store import PassageStore, open_store, passages_in_memory
-from fid.data.passages import Passage, check_unique_ids, iter_passages
+from fid.data.passages import Passage, check_unique_ids, count_passages, iter_passages
 from fid.data.questions import load_questions
 from fid.errors import DataError
 from fid.retrieval.ranking import retrieval_records, write_compact_lists
@@ -77,6 +77,11 @@ def _tokenizer(analysis: dict) -> Tokenizer:
     )
 
 
+# How often bm25s's index builder reads the documents (bm25s 0.2/0.3: lengths, document
+# frequencies, scores): the denominator of its progress lines only.
+_BUILD_PASSES = 3
+
+
 class _FlatDocs:
     """Every passage's token ids in one int32 array, iterable as lists the way bm25s wants.
 
@@ -87,16 +92,22 @@ class _FlatDocs:
     def __init__(self, flat: np.ndarray, offsets: np.ndarray):
         self.flat = flat  # (T,) token ids of all passages, concatenated
         self.offsets = offsets  # (P + 1,) passage p's ids are flat[offsets[p] : offsets[p + 1]]
+        self.passes = 0  # how often the builder has read them (its progress: 3 passes)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     def __iter__(self) -> Iterator[list[int]]:
-        # Offsets are turned into Python ints a block at a time: all 21M at once would cost GBs.
-        for block in range(0, len(self), 1 << 16):
-            bounds = self.offsets[block : block + (1 << 16) + 1].tolist()
-            for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-                yield self.flat[start:end].tolist()
+        self.passes += 1
+        # bm25s reads the documents for their lengths, document frequencies and scores
+        desc = f"BM25 index, pass {self.passes} of {_BUILD_PASSES}"
+        with progress(desc=desc, unit="passages", total=len(self), log=logger) as bar:
+            # Offsets become Python ints a block at a time: all 21M at once would cost GBs.
+            for block in range(0, len(self), 1 << 16):
+                bounds = self.offsets[block : block + (1 << 16) + 1].tolist()
+                for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+                    yield self.flat[start:end].tolist()
+                bar.update(len(bounds) - 1)
 
 
 def _tokenize_corpus(passages_path: Path, tokenizer: Tokenizer) -> tuple[_FlatDocs, list[str]]:
@@ -105,8 +116,10 @@ def _tokenize_corpus(passages_path: Path, tokenizer: Tokenizer) -> tuple[_FlatDo
     flat = array.array("i")
     offsets = array.array("q", [0])
 
+    total = count_passages(passages_path)  # newlines counted (~0.3 s a GB): an ETA
+
     def texts() -> Iterator[str]:
-        with progress(desc="tokenize", unit="passages", log=logger) as bar:
+        with progress(desc="tokenize", unit="passages", total=total, log=logger) as bar:
             for passage in iter_passages(passages_path):
                 ids.append(passage.id)
                 yield f"{passage.title} {passage.text}"

@@ -55,11 +55,15 @@ class _LoggedProgress(tqdm):
         # The smoothed recent rate while running; the overall one at the end (tqdm drops
         # the smoothing on close) or before there is one.
         rate = d["rate"] or (done / elapsed if elapsed > 0 and done else None)
+        count = _bytes if unit == "B" else (lambda value: f"{value:,}")
+        shown_unit = "" if unit == "B" else f" {unit}"
         if total:
-            parts = [f"{self.desc}: {n:,}/{total:,} {unit} ({100 * n / total:.0f}%)"]
+            parts = [f"{self.desc}: {count(n)}/{count(total)}{shown_unit} ({100 * n / total:.0f}%)"]
         else:
-            parts = [f"{self.desc}: {n:,} {unit}"]
-        if rate:
+            parts = [f"{self.desc}: {count(n)}{shown_unit}"]
+        if rate and unit == "B":
+            parts.append(f"{_bytes(rate)}/s")
+        elif rate:
             parts.append(f"{rate:,.0f} {unit}/s" if rate >= 1000 else f"{rate:.3g} {unit}/s")
         parts.append(f"elapsed {tqdm.format_interval(elapsed)}")
         if total and n >= total:
@@ -69,6 +73,14 @@ class _LoggedProgress(tqdm):
         if d["postfix"]:  # set_postfix(loss=...): "loss=1.234"
             parts.append(d["postfix"])
         return ", ".join(parts)
+
+
+def _bytes(value: float) -> str:
+    """A byte count as people read it: 512 B, 3.4 MB, 13.0 GB (decimal units, as disks)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
 
 
 def progress(
@@ -92,7 +104,7 @@ def progress(
     Args:
         iterable: what to iterate over (or None, and call `update(n)`), as for tqdm.
         desc: what is counted ("embed").
-        unit: the counted items, plural ("passages").
+        unit: the counted items, plural ("passages"); "B" counts bytes, shown as kB/MB/GB.
         total: the item count, when `iterable` has no len(); None: no percentage or ETA.
         initial: the count already done (a resumed run), not counted in the rate.
         log: the logger the lines go to (the caller's module logger); default fid.runtime.progress.
