@@ -61,7 +61,8 @@ class GenerationConfig(ReaderInputConfig):
 
     Attributes:
         eval_batch_size: questions per generation batch.
-        max_new_tokens: most tokens generated per answer (EOS included).
+        max_new_tokens: most tokens generated per answer (EOS included); 50 as FiD's
+            recipes for NQ and TriviaQA generate (test_reader.py: max_length 50).
         num_beams: 1 is greedy decoding, more is beam search.
     """
 
@@ -72,7 +73,7 @@ class GenerationConfig(ReaderInputConfig):
     }
 
     eval_batch_size: int = 8
-    max_new_tokens: int = 20
+    max_new_tokens: int = 50
     num_beams: int = 1
 
     def __post_init__(self):

@@ -58,8 +58,19 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         vocab_size=vocab_size, special_tokens=[PAD, EOS, UNK], show_progress=False
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.post_processor = t5_post_processor(tokenizer.token_to_id(EOS))
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK
+    )
+
+
+def t5_post_processor(eos_id: int) -> processors.TemplateProcessing:
+    """What the hub's T5 tokenizers (t5-base's tokenizer.json) add to every text: `</s>`.
+    fid's reader asks for no special tokens where the original added none (passages) and adds
+    the EOS of labels itself; a tokenizer built here behaves as the real ones do, so that a
+    call that forgot this is seen."""
+    return processors.TemplateProcessing(
+        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, eos_id)]
     )
 
 

@@ -65,7 +65,16 @@ def generate_answers(
     )
     batches = counted(length_sorted_batches(collator, examples, batch_size), "generate", logger)
     for indices, output in splitter.run(batches, prepare, forward):
-        texts = tokenizer.batch_decode(output, skip_special_tokens=True)
-        for i, text in zip(indices, texts, strict=True):
-            predictions[i] = text.strip()
+        for i, text in zip(indices, decode_answers(tokenizer, output), strict=True):
+            predictions[i] = text
     return predictions
+
+
+def decode_answers(tokenizer, output) -> list[str]:
+    """Generated ids (B, T) as answers, decoded as the original decoded them: special tokens
+    skipped and transformers 3.0.2's default clean-up ("cairo , illinois" -> "cairo,
+    illinois"), set here because each tokenizer's own default differs across models and
+    versions; surrounding spaces stripped."""
+    texts = tokenizer.batch_decode(output, skip_special_tokens=True,
+                                   clean_up_tokenization_spaces=True)  # fmt: skip
+    return [text.strip() for text in texts]
