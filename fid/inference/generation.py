@@ -72,9 +72,10 @@ def generate_answers(
 
 def decode_answers(tokenizer, output) -> list[str]:
     """Generated ids (B, T) as answers, decoded as the original decoded them: special tokens
-    skipped and transformers 3.0.2's default clean-up ("cairo , illinois" -> "cairo,
-    illinois"), set here because each tokenizer's own default differs across models and
-    versions; surrounding spaces stripped."""
+    skipped, then transformers 3.0.2's default clean-up ("cairo , illinois" -> "cairo,
+    illinois"; the tokenizer's own `clean_up_tokenization`), applied here for every
+    tokenizer: their own defaults differ across models and versions, and transformers 5
+    ignores the flag for BPE tokenizers; surrounding spaces stripped."""
     texts = tokenizer.batch_decode(output, skip_special_tokens=True,
-                                   clean_up_tokenization_spaces=True)  # fmt: skip
-    return [text.strip() for text in texts]
+                                   clean_up_tokenization_spaces=False)  # fmt: skip
+    return [tokenizer.clean_up_tokenization(text).strip() for text in texts]
