@@ -275,9 +275,14 @@ def test_the_plan_runs_the_step_as_the_config_says(tiny_model_dir):
     from fid.config import ReaderTrainConfig
     from fid.memory.command_plans import command_plan_inputs
 
-    cfg = ReaderTrainConfig(n_passages=6, passage_max_tokens=40, encoder_buckets=1,
-                            activation_checkpointing=True, precision="auto",
-                            max_new_tokens=20)  # fmt: skip (answers short: the encoder peaks)
+    cfg = ReaderTrainConfig(
+        n_passages=6,
+        passage_max_tokens=40,
+        encoder_buckets=1,
+        activation_checkpointing=True,
+        precision="auto",
+        max_new_tokens=20,
+    )  # fmt: skip (answers short: the encoder peaks)
     inputs = command_plan_inputs("train-reader", cfg, str(tiny_model_dir), 1, "cpu")
     assert (inputs.run.encoder_buckets, inputs.run.checkpointing) == (1, True)
     assert inputs.run.autocast_dtype is None  # "auto" is fp32 for training on a CPU

@@ -183,8 +183,9 @@ def fetch_model(name: str, output: str | Path, revision: str | None = None) -> d
             "commit": commit,
             "source": _endpoint() if online is not None else f"local cache {cached}",
             "fetched": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "files": {f: {"bytes": (tmp / f).stat().st_size, "sha256": _sha256(tmp / f)}
-                      for f in files},  # fmt: skip
+            "files": {
+                f: {"bytes": (tmp / f).stat().st_size, "sha256": _sha256(tmp / f)} for f in files
+            },  # fmt: skip
         }
         atomic_write_json(tmp / RECORD, record)
     total = sum(f["bytes"] for f in record["files"].values())
