@@ -56,8 +56,10 @@ include: "rules/signals.smk"
 include: "rules/memory_report.smk"
 
 
-# With the SLURM executor: every job's layout against its partition, before any submission.
+# Before any job: every hub model can be fetched from here (rules/common.smk), and with the
+# SLURM executor every job's layout fits its partition.
 onstart:
+    check_hub_models(warn_only=False)
     check_layouts_against_partitions()
 
 

@@ -25,6 +25,8 @@ from fid.config import DownloadConfig
 from fid.config import IndexConfig
 from fid.config import PrepareQuestionsConfig, ReaderListsConfig
 from fid.data.download import DownloadError, check_existing_download
+from fid.models.hub_fetch import RECORD as HUB_RECORD, fetchable, folder_name
+from fid.models.hub_fetch import take_jobs_offline
 from fid.runtime.gpus import visible_gpus
 
 # Snakemake's loader keeps the last of a key given twice: a signal named twice ran the second.
@@ -277,6 +279,7 @@ wildcard_constraints:
 localrules:
     stage_config,
     copy_packaged_model,
+    fetch_model,
     report_tables,
     report_flags,
     report_plots,
@@ -339,8 +342,12 @@ def retrieval(source, split):
 
 
 def named(path_or_name):
-    """(flag value, input paths): a folder is an input, a hub name is not."""
-    return path_or_name, [p for p in [path_or_name] if Path(p).exists()]
+    """(flag value, input paths): a folder as it is; a hub name as the folder that rule
+    fetch_model fills (jobs read no hub)."""
+    if path_or_name in HUB_MODELS.values():
+        folder = f"resources/models/{folder_name(path_or_name)}"
+        return folder, [folder]
+    return path_or_name, [path_or_name]
 
 
 def model_spec(kind):
@@ -363,6 +370,49 @@ def encoder(source):
     if "package" in PRETRAINED[source]:
         return f"resources/pretrained/{source}", [f"resources/pretrained/{source}"]
     return named(PRETRAINED[source]["model"])
+
+
+def _hub_names():
+    """The hub models the config names: models.reader/retriever and pretrained `model`
+    entries that are neither init, a pretrained entry, nor a path that exists here."""
+    names = [MODELS[kind] for kind in ("reader", "retriever")]
+    names += [spec["model"] for spec in PRETRAINED.values() if "model" in spec]
+    return [
+        name
+        for name in dict.fromkeys(names)
+        if name != "init" and name not in PRETRAINED and not Path(name).exists()
+    ]
+
+
+# folder under resources/models -> hub name; each fetched once, on this machine (fetch_model)
+HUB_MODELS = {folder_name(name): name for name in _hub_names()}
+REVISIONS = MODELS.get("revisions") or {}
+# Jobs read fetched folders only and ask no hub (compute nodes of most clusters have no
+# internet; where they do, every rank would fill one cache at once): every job inherits
+# HF_HUB_OFFLINE=1 (local jobs from this process, SLURM jobs through sbatch, whose job step
+# reads this file again); rule fetch_model alone gets the setting Snakemake was started with.
+HUB_OFFLINE_GIVEN = take_jobs_offline()
+
+
+def check_hub_models(warn_only):
+    """Every hub model not fetched yet can be fetched from here (the hub answers, or the local
+    Hugging Face cache holds it), else the run stops before its first job (onstart, in the
+    Snakefile), naming the model and the one command that fetches it elsewhere; a dry run
+    warns when its plan is built (it fetches nothing)."""
+    for folder, name in HUB_MODELS.items():
+        if Path(f"resources/models/{folder}/{HUB_RECORD}").is_file():
+            continue
+        problem = fetchable(name, REVISIONS.get(name))
+        if problem is None:
+            continue
+        if warn_only:
+            logging.getLogger("fid").warning("%s (a run would stop here)", problem)
+        else:
+            raise WorkflowError(problem)
+
+
+if workflow.output_settings.dryrun:
+    check_hub_models(warn_only=True)
 
 
 # ---------------------------------------------------------------- resources and launchers
@@ -406,6 +456,12 @@ def fid(rule):
     its whole log to the rule's `log:` and shows only progress, results and warnings on the
     console (`fid --log-file`); torchrun keeps no log folder of its own (`--log-dir`).
     """
+    # the one job that may ask the hub, with the hub setting Snakemake was started with
+    offline = f"HF_HUB_OFFLINE={HUB_OFFLINE_GIVEN} " if rule == "fetch_model" else ""
+    return offline + _launcher(rule)
+
+
+def _launcher(rule):
     r = _resources(rule)
     if "mpi" in r:
         # No --gpus-per-task: with it, SLURM gives each rank a device cgroup holding only its

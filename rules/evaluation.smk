@@ -301,6 +301,9 @@ rule report_runtimes:
 
 
 rule report_config:
+    input:
+        # the hub models as fetched (each folder's fetched.json: name, commit, source)
+        fetched=expand("resources/models/{hub_model}", hub_model=HUB_MODELS),
     output:
         config="results/{run}/report/config.yaml",
         page=report(

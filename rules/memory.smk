@@ -72,6 +72,10 @@ def planned_shape(kind):
         return {"init": kind, "knobs": STAGES[f"init_{kind}"][1]}, flag
     if "package" in PRETRAINED.get(MODELS[kind], {}):
         return {"package": PRETRAINED[MODELS[kind]]["package"]}, flag
+    if MODELS[kind] in HUB_MODELS.values() and not Path(flag).is_dir():
+        return {
+            "name": MODELS[kind]
+        }, flag  # not fetched yet: its shape by name (known models)
     return {"name": flag}, flag
 
 

@@ -30,6 +30,8 @@ def hub(monkeypatch, tmp_path):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "ENDPOINT", server.url)
+    template = server.url + "/{repo_id}/resolve/{revision}/{filename}"  # (made at import)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     yield server
@@ -128,3 +130,16 @@ def test_a_fetched_folder_loads_with_no_network(hub, tiny_repo, tmp_path, toy_re
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "m.json").read_text())["n_questions"] == 2
+
+
+def test_the_workflow_takes_its_jobs_offline(monkeypatch):
+    """What rules/common.smk calls: every job the process starts inherits HF_HUB_OFFLINE=1;
+    the setting it was started with is returned (for the fetch alone)."""
+    from fid.models.hub_fetch import take_jobs_offline
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert take_jobs_offline() == "0" and os.environ["HF_HUB_OFFLINE"] == "1"
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ['HF_HUB_OFFLINE'])"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert child.stdout.strip() == "1"
+    assert take_jobs_offline() == "1"  # a job step that reads the Snakefile again

@@ -73,8 +73,8 @@ class Call:
                     source.write_text("data\n")
                     self.inputs["url"] = source
                     self.values[flag] = [source.as_uri()]
-                elif dest == "package":
-                    self.values[flag] = ["some_package"]
+                elif dest in ("package", "name"):  # a module or hub name, not a path
+                    self.values[flag] = ["some_name"]
                 else:
                     # .json: a prefix output (PATH + ".json") can be made to collide with it
                     # each in a folder of its own: the folder above it holds only it

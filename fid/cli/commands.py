@@ -205,6 +205,12 @@ def convert_checkpoint(args) -> None:
     )
 
 
+def fetch_model(args) -> None:
+    from fid.models.hub_fetch import fetch_model
+
+    fetch_model(args.name, args.output, args.revision)
+
+
 def copy_packaged_model(args) -> None:
     from fid.models.packaged import copy_packaged_model
 

