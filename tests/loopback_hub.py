@@ -84,20 +84,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_HEAD(self):  # noqa: N802 (the http.server API)
         self.server.hub.requests.append(("HEAD", self.path))
-        found = self._resolve()
-        if found is None:
-            self._not_found()
-            return
-        self.send_response(200)
-        self._file_headers(found[0], found[2])
-        self.end_headers()
+        self._file(with_body=False)
 
     def do_GET(self):  # noqa: N802
         self.server.hub.requests.append(("GET", self.path))
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         if path.startswith("/api/models/"):
             self._api(path.removeprefix("/api/models/"))
-            return
+        else:
+            self._file(with_body=True)
+
+    def _file(self, with_body: bool) -> None:
+        """A /{repo}/resolve/{rev}/{file}: its headers, and its bytes for a GET."""
         found = self._resolve()
         if found is None:
             self._not_found()
@@ -105,7 +103,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self._file_headers(found[0], found[2])
         self.end_headers()
-        self.wfile.write(found[2])
+        if with_body:
+            self.wfile.write(found[2])
 
     def _api(self, rest: str) -> None:
         for marker in ("/revision/", "/tree/"):
