@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import shutil
+import sys
 import tarfile
 from pathlib import Path
 
@@ -23,6 +24,9 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 from workflow_helpers import ROOT, SAMPLES, dry_run, rule_shell_commands, snakemake
+
+sys.path.insert(0, str(ROOT / "tests"))
+from loopback_hub import LoopbackHub  # noqa: E402
 
 SCHEMA_FILE = ROOT / "config" / "config.schema.yaml"
 SCHEMA = yaml.safe_load(SCHEMA_FILE.read_text())
@@ -42,6 +46,7 @@ PAYLOADS = [
 ]
 TARGETS = [f"results/own/data/{split}.jsonl" for split in ("train", "dev", "test")]
 TARGETS += ["results/own/report/config.yaml"]
+HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def _resolve(node: dict) -> dict:
@@ -74,7 +79,8 @@ def string_keys(node: dict = SCHEMA, path: tuple = ()) -> list[tuple]:
 def _entry(mapping: dict, wanted: str | None) -> str:
     """The entry of a mapping that '*' stands for: the first that has the wanted key."""
     assert mapping, f"the base config has no entry to hold {wanted}: add one in _base_config"
-    return next((k for k, v in mapping.items() if wanted in (v or {})), next(iter(mapping)))
+    named = (k for k, v in mapping.items() if isinstance(v, dict) and wanted in v)
+    return next(named, next(iter(mapping)))
 
 
 def concrete(config, path: tuple) -> list:
@@ -117,7 +123,7 @@ def put(config, path: tuple, value) -> dict:
                          for k, v in node[key].items()}  # fmt: skip
             return config
         node = node.setdefault(key, {})
-    node[path[-1]] = value
+    node[_entry(node, None) if path[-1] == "*" else path[-1]] = value  # a mapping's value
     return config
 
 
@@ -151,7 +157,8 @@ def _base_config(workdir: Path) -> dict:
     config["data"]["extract"] = {"q.jsonl": {"archive": "archive.tar", "member": "questions.jsonl"}}
     config["data"]["questions"]["train"]["input"] = "resources/own/extracted/q.jsonl"
     config["data"]["questions"]["dev"]["index"] = "data/own/idx.json"
-    config["pretrained"]["hub"] = {"model": "sentence-transformers/all-MiniLM-L6-v2"}
+    config["pretrained"]["hub"] = {"model": HUB_MODEL}
+    config["models"]["revisions"] = {HUB_MODEL: "main"}
     config["eval_reader_accelerations"] = {"prune1": {"keep_passages": 1}}  # its names
     config["distillation_signals"] = {"pdist": {"score_passages": {"mode": "pdist"}}}  # names
     config["resources"]["default"].update(
@@ -195,6 +202,12 @@ def test_hostile_values_never_run(tmp_path):
     """Keys whose pattern refuses every payload name themselves in the DAG-time error; the
     values that pass are all put into one config that plans and runs cheap jobs cleanly."""
     base = _base_config(tmp_path)
+    # the login node reaches a (loopback) hub that holds the config's hub models: the run
+    # fetches them (report/config.yaml records their commits); the files are stand-ins
+    hub = LoopbackHub()
+    for name in (HUB_MODEL, base["models"]["reader"]):
+        hub.add(name, {"config.json": b"{}", "model.safetensors": b"-", "tokenizer.json": b"{}"})
+    online = {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": None, "HF_HOME": str(tmp_path / "hf")}
     hostile, refused = base, []
     for path, value, accepted in _hostile_values(base, tmp_path):
         if accepted:
@@ -208,7 +221,7 @@ def test_hostile_values_never_run(tmp_path):
         assert f"On instance{named}:" in str(error.value), (dotted(path), str(error.value))
     # paths, names, URLs, checksums, packages, SLURM options: all refused
     for key in ("run", "data.passages", "data.questions.dev.index", "data.extract.*.member",
-                "data.downloads.*.url", "pretrained.*.package", "models.reader",
+                "data.downloads.*.url", "pretrained.*.package", "models.reader", "models.revisions.*",
                 "resources.*.slurm_extra"):  # fmt: skip
         assert key in refused, key
 
@@ -228,7 +241,8 @@ def test_hostile_values_never_run(tmp_path):
     dry_run(tmp_path, *TARGETS, "--configfile", str(config))  # targets first (README.md)
     assert not _markers(tmp_path)
     result = snakemake(tmp_path, *TARGETS, "--configfile", str(config), "--cores", "1",
-                       "--retries", "0", timeout=300)  # fmt: skip
+                       "--retries", "0", timeout=300, env=online)  # fmt: skip
+    hub.close()
     assert not _markers(tmp_path), _markers(tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert all((tmp_path / target).is_file() for target in TARGETS)
