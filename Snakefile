@@ -48,6 +48,7 @@ report: "rules/report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/slurm.smk"
 include: "rules/memory.smk"
+include: "rules/disk.smk"
 include: "rules/data.smk"
 include: "rules/retrieval.smk"
 include: "rules/reader.smk"
@@ -60,6 +61,7 @@ include: "rules/memory_report.smk"
 # SLURM executor every job's layout fits its partition.
 onstart:
     check_hub_models(warn_only=False)
+    check_disk(refuse=config.get("disk_check", "refuse") == "refuse")
     check_layouts_against_partitions()
 
 

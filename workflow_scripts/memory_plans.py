@@ -96,6 +96,13 @@ def weights(job: TrainingJob) -> int:
     return _cached("weights", job, None, lambda: {"bytes": _compute_weights(job)})["bytes"]
 
 
+def width(model: dict) -> int:
+    """The hidden size of a model given as TrainingJob.model is (an encoder's embedding width
+    unless it projects)."""
+    material = {"kind": "width", "model": _model_material(model), "planner": _planner_fingerprint()}
+    return _stored(material, lambda: {"width": _compute_width(model)})["width"]
+
+
 def cache_dir() -> Path:
     """Where plans are kept: one JSON file per key, shared by every run and working folder of
     this user (a plan depends only on what its key holds)."""
@@ -115,6 +122,11 @@ def _cached(kind: str, job: TrainingJob, questions: int | None, compute) -> dict
     if kind == "weights":  # the step's knobs do not matter, but for the retriever's build
         material["knobs"] = {k: v for k, v in material["knobs"].items() if k == "shared_encoder"}
         material.pop("world")
+    return _stored(material, compute)
+
+
+def _stored(material: dict, compute) -> dict:
+    """compute(), kept in memory and on disk under the digest of `material`."""
     key = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
     if key in _MEMO:
         return _MEMO[key]
@@ -205,6 +217,11 @@ def _compute_plan(job: TrainingJob, questions: int | None) -> dict:
         step = plan_step(_inputs(job, questions))
     summary = plan_summary(step, job.model_arg, job.config(), None, None)
     return {"peak": step.peak, "components": step.components, "summary": summary}
+
+
+def _compute_width(model: dict) -> int:
+    config = _model_config(model)
+    return int(getattr(config, "hidden_size", None) or config.d_model)
 
 
 def _compute_weights(job: TrainingJob) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, SAMPLES, report_pages, snakemake, table_rows
+from workflow_helpers import ROOT, SAMPLES, check_disk_plan, report_pages, snakemake, table_rows
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +41,8 @@ def test_demo_reaches_its_bars(tmp_path):
     wall = time.perf_counter() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     print(f"demo wall time {wall:.0f} s; per rule: {_benchmarks(tmp_path)}")
+    # the disk plan printed before the first job: each stage within 20% of what it holds
+    print("\n".join(check_disk_plan(result.stdout + result.stderr, tmp_path)))
     report = snakemake(tmp_path, "--report", "report.html")
     assert report.returncode == 0 and (tmp_path / "report.html").stat().st_size > 10_000
 

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from workflow_helpers import (
     ROOT,
+    check_disk_plan,
     planned_jobs,
     report_pages,
     snakemake,
@@ -63,6 +64,11 @@ def _job(rule, **wildcards):
 
 def test_finished_run_is_up_to_date(tiny_run):
     assert _plan(tiny_run) == set()
+
+
+def test_the_disk_plan_printed_at_the_start_is_what_the_run_holds(tiny_run):
+    """Each stage's planned bytes (printed before the first job) within 20% of its folder."""
+    print("\n".join(check_disk_plan((tiny_run / "console.txt").read_text(), tiny_run)))
 
 
 SIGNALS = {

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from workflow_helpers import ROOT, snakemake
+from workflow_helpers import ROOT, check_disk_plan, snakemake
 
 from fid.data.retrieval_lists import is_compact_lists, read_lists
 
@@ -29,6 +29,8 @@ def test_scale_rehearsal_at_one_thousandth_of_nq(tmp_path):
     result = snakemake(tmp_path, "--configfile", str(ROOT / "config" / "scale.yaml"),
                        "--cores", "2", timeout=3600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # the disk plan printed before the first job: each stage within 20% of what it holds
+    print("\n".join(check_disk_plan(result.stdout + result.stderr, tmp_path)))
     results = tmp_path / "results" / "scale"
     stats = json.loads((results / "data/scale/stats.json").read_text())
     assert stats["passages"] == 21_015 and stats["questions"] == {"train": 79, "dev": 9, "test": 4}

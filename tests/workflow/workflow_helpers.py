@@ -149,3 +149,41 @@ def table_rows(page: str) -> list[list[str]]:
         [html.unescape(cell).strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
         for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)
     ]
+
+
+_UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def disk_plan(console: str) -> list[tuple[str, float | None, str]]:
+    """(stage, planned bytes or None, folder) of the disk plan a run printed when it loaded
+    (rules/disk.smk), before its first job."""
+    table = console.split("disk plan (what each stage will hold once done):\n", 1)[1]
+    rows = []
+    for line in table.splitlines()[1:]:
+        if line.startswith("total"):
+            return rows
+        match = re.match(r"(.+?)\s+(?:([\d.]+) (KiB|MiB|GiB)|\?)  (\S+)  \(", line)
+        assert match, line
+        planned = float(match[2]) * _UNITS[match[3]] if match[2] else None
+        rows.append((match[1], planned, match[4]))
+    raise AssertionError("the disk plan has no total")
+
+
+def check_disk_plan(console: str, workdir: Path, within: float = 0.2) -> list[str]:
+    """The disk plan a finished run printed at its start against what the run holds: each
+    stage's folder and the total within `within` (the constant row of configs and logs aside,
+    and rows under 1% of the total, whose few files' sizes a formula does not follow)."""
+    from fid.runtime.disk_plan import folder_bytes
+
+    rows = [row for row in disk_plan(console) if not row[0].startswith("configs")]
+    total = sum(planned or 0 for _, planned, _ in rows)
+    actual_total = sum(folder_bytes(workdir / folder) for _, _, folder in rows)
+    lines, wrong = [], []
+    for stage, planned, folder in rows:
+        held = folder_bytes(workdir / folder)
+        lines.append(f"{stage}: planned {planned}, holds {held}")
+        if planned is not None and planned >= total / 100 and abs(planned - held) > within * held:
+            wrong.append(lines[-1])
+    assert not wrong, "\n".join(wrong)
+    assert abs(total - actual_total) <= within * actual_total, (total, actual_total)
+    return lines

@@ -1,0 +1,434 @@
+"""Disk: what every stage of the run will hold on disk, printed when the workflow loads (dry
+runs too) and checked against the free space of each file system it writes to before the first
+job (onstart, in the Snakefile). The figures are workflow_scripts/disk_plans.py's formulas of
+the config (download sizes, questions, top-k, rounds, shards, keep_last_checkpoints, the index
+factory) and of the model and corpus sizes; config/README.md "Disk" says how they were checked.
+
+- `disk_check: refuse` (the default) stops a run that does not fit, with the table;
+  `disk_check: warn` only warns (space freed while the run goes, a quota the free space does
+  not show).
+
+REQUIRED INPUTS: the config; memory.smk (the models' sizes, from their memory plans).
+OUTPUTS: none (no rules): DISK_ROWS, DISK_TABLE and check_disk().
+"""
+
+from fid.errors import InputError
+from fid.runtime.disk_plan import (
+    DiskRow,
+    file_systems,
+    folder_bytes,
+    format_plan,
+    short,
+)
+
+disk_plans = _glue_module("disk_plans")
+DISK_MISC_BYTES = 500_000  # configs, logs, evaluations, the report (0.34 MB: tiny demo)
+
+
+def _question_counts():
+    """Questions per split: the demo world's and the rehearsal's by their knobs; a file's
+    expected_size, else its index file's or its lines' count, where they are there."""
+    if SCALE:
+        sizes = config_from_dict(STAGES["scale_data"][1], ScaleDataConfig).sizes()
+        return {split: sizes[split] for split in ("train", "dev", "test")}
+    if DEMO:
+        from fid.demo.world import build_world
+
+        world = build_world(
+            config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
+        )
+        return {split: len(q) for split, q in world.splits.items()}
+    counts = {}
+    for split, spec in DATA["questions"].items():
+        index, given = Path(spec.get("index") or "-"), Path(spec["input"])
+        if spec.get("expected_size"):
+            counts[split] = spec["expected_size"]
+        elif index.is_file():
+            counts[split] = len(json.loads(index.read_text()))
+        elif given.is_file():
+            with open(given, "rb") as lines:
+                counts[split] = sum(1 for _ in lines)
+        else:
+            counts[split] = 0
+    return counts
+
+
+def _extracted():
+    """(bytes, basis) of data.extract: files already there as they are; those the plan cannot
+    tell yet (tar members before their archive is there) are named, not counted."""
+    total, notes = 0, []
+    for name, spec in EXTRACTS.items():
+        out = Path(f"resources/{DATASET}/extracted/{name}")
+        if out.is_file():
+            size, basis = out.stat().st_size, "there"
+        else:
+            archive = Path(f"resources/{DATASET}/downloads/{spec['archive']}")
+            size, basis = disk_plans.extracted_bytes(
+                archive,
+                DOWNLOADS.get(spec["archive"], {}).get("bytes"),
+                spec.get("member"),
+            )
+        notes.append(
+            f"{name}: {basis}" if size is not None else f"not counted: {name} ({basis})"
+        )
+        total += size or 0
+    return total, "; ".join(notes)
+
+
+def _corpus():
+    if SCALE:
+        counts = config_from_dict(STAGES["scale_data"][1], ScaleDataConfig).sizes()
+        # the rehearsal's lines: 11.9 GB at scale 1 (566 B a passage, measured)
+        return disk_plans.Corpus(counts["passages"], 566, len(str(counts["passages"])))
+    if DEMO:
+        from fid.demo.world import build_world
+
+        world = build_world(
+            config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
+        )
+        text = sum(len(p.id) + len(p.title) + len(p.text) + 3 for p in world.passages)
+        return disk_plans.Corpus(
+            len(world.passages),
+            text / len(world.passages),
+            max(len(p.id) for p in world.passages),
+        )
+    extracted = next(
+        (
+            name
+            for name in EXTRACTS
+            if f"resources/{DATASET}/extracted/{name}" == DATA["passages"]
+        ),
+        None,
+    )
+    estimate = None
+    if extracted:
+        spec = EXTRACTS[extracted]
+        estimate = disk_plans.extracted_bytes(
+            Path("-"),
+            DOWNLOADS.get(spec["archive"], {}).get("bytes"),
+            spec.get("member"),
+        )[0]
+    return disk_plans.corpus(DATA["passages"], estimate)
+
+
+def _chain_job(kind, i):
+    """The training job (memory.smk) of round i's reader or retriever, or None."""
+    rule_name = {"reader": "train_reader", "retriever": "train_retriever"}[kind]
+    return training_job(rule_name, stage_section(i, kind))
+
+
+def _weights(job):
+    return memory_plans.weights(job) if job else None
+
+
+def _tokenizer(kind):
+    if MODELS[kind] == "init":
+        return disk_plans.TOKENIZER_BYTES_PER_TOKEN * STAGES[f"init_{kind}"][1].get(
+            "vocab_size", 32000
+        )
+    return disk_plans.HUB_TOKENIZER_BYTES
+
+
+def _package_bytes(package):
+    """(bytes, basis) of a packaged model's folder, as the package installed it."""
+    from fid.models.packaged import packaged_model_path
+
+    try:
+        return folder_bytes(packaged_model_path(package)), f"{package}'s files"
+    except InputError as error:
+        return None, str(error)
+
+
+def _dense_width(source):
+    """The embedding width of a dense source: the retriever's projection, else its encoder's
+    hidden size; None where the shape cannot be read here."""
+    if source in PRETRAINED:
+        spec = PRETRAINED[source]
+        model = (
+            {"package": spec["package"]}
+            if "package" in spec
+            else {"name": spec["model"]}
+        )
+        projection = None
+    else:
+        model = planned_shape("retriever")[0]
+        projection = knob(stage_section(0, "retriever"), "projection_dim")
+    if projection:
+        return projection
+    try:
+        return memory_plans.width(model)
+    except memory_plans.PlanUnavailable:
+        return None
+
+
+def _lists(stage, folder, splits, top_k, corpus, factor=1.0):
+    questions = sum(QUESTIONS[s] for s in splits)
+    planned = disk_plans.list_bytes(questions, top_k, corpus, COMPACT) * factor
+    what = "compact" if COMPACT else "FiD json"
+    return DiskRow(
+        stage,
+        folder,
+        int(planned),
+        f"{questions:,} questions x {top_k} passages, {what}",
+    )
+
+
+def _dense_rows(source, corpus, splits):
+    dim = _dense_width(source)
+    rows = []
+    if dim is None:
+        return [
+            DiskRow(
+                f"{source} embeddings + index", res_path(source), None, "width unknown"
+            )
+        ]
+    rows.append(
+        DiskRow(
+            f"{source} embeddings",
+            res_path(f"{source}/embeddings"),
+            disk_plans.embeddings_bytes(corpus, dim),
+            f"{corpus.passages:,} passages x {dim} dims, float16",
+        )
+    )
+    index = CHECKED["build_index"]
+    planned, basis = disk_plans.index_bytes(
+        corpus, dim, index.factory, index.rerank, index.refine_residual
+    )
+    rows.append(DiskRow(f"{source} index", res_path(f"{source}/index"), planned, basis))
+    top_k = knob("retrieve", "top_k")
+    rows.append(
+        _lists(
+            f"{source} lists",
+            res_path(f"{source}/retrieval"),
+            splits,
+            top_k,
+            corpus,
+        )
+    )
+    return rows
+
+
+def _trained_rows(name, state, export, job, tokenizer, stage):
+    weights = _weights(job)
+    kept = disk_plans.kept_checkpoints(
+        knob(stage, "max_steps"),
+        knob(stage, "save_every_steps"),
+        knob(stage, "keep_last_checkpoints"),
+    )
+    return [
+        disk_plans.row(
+            f"state {name}", state, disk_plans.state_bytes(weights, tokenizer, kept)
+        ),
+        disk_plans.row(
+            f"{name} model",
+            export,
+            disk_plans.model_files_bytes(export, weights, tokenizer),
+        ),
+    ]
+
+
+def disk_rows():
+    """The plan's rows, in the order the run writes them."""
+    corpus = _corpus()
+    rows = []
+    if DOWNLOADS:
+        sizes = [spec.get("bytes") for spec in DOWNLOADS.values()]
+        unknown = [n for n, spec in DOWNLOADS.items() if spec.get("bytes") is None]
+        basis = "their bytes in the config" + (
+            f"; not counted: {', '.join(unknown)} (no bytes)" if unknown else ""
+        )
+        rows.append(
+            DiskRow(
+                "downloads",
+                f"resources/{DATASET}/downloads",
+                sum(s or 0 for s in sizes),
+                basis,
+            )
+        )
+    if EXTRACTS:
+        rows.append(
+            disk_plans.row("extracted", f"resources/{DATASET}/extracted", _extracted())
+        )
+    for folder, name in HUB_MODELS.items():
+        job = next(
+            (_chain_job(k, 0) for k in ("reader", "retriever") if MODELS[k] == name),
+            None,
+        )
+        path = f"resources/models/{folder}"
+        rows.append(
+            disk_plans.row(
+                f"model {name}",
+                path,
+                disk_plans.model_files_bytes(
+                    path, _weights(job), disk_plans.HUB_TOKENIZER_BYTES
+                ),
+            )
+        )
+    for name, spec in PRETRAINED.items():
+        if "package" in spec:
+            rows.append(
+                disk_plans.row(
+                    f"pretrained {name}",
+                    f"resources/pretrained/{name}",
+                    _package_bytes(spec["package"]),
+                )
+            )
+    questions = sum(QUESTIONS.values())
+    data = questions * 150 + (
+        corpus.text_bytes * 10 if DEMO else corpus.text_bytes if SCALE else 0
+    )
+    rows.append(
+        DiskRow(
+            "questions and data",
+            res_path("data"),
+            data,
+            f"{questions:,} questions"
+            + (", the generated corpus" if DEMO or SCALE else ""),
+        )
+    )
+    if COMPACT:
+        rows.append(
+            DiskRow(
+                "passage store",
+                res_path("passages"),
+                corpus.passages * disk_plans.STORE_BYTES_PER_PASSAGE,
+                f"{corpus.passages:,} passages x {disk_plans.STORE_BYTES_PER_PASSAGE} B",
+            )
+        )
+    if "bm25" in SOURCES:
+        rows.append(
+            DiskRow(
+                "bm25 index",
+                res_path("bm25/index"),
+                int(corpus.text_bytes * disk_plans.BM25_TEXT_RATIO),
+                f"{disk_plans.BM25_TEXT_RATIO} x {corpus.text_bytes / 1e9:.3g} GB of passages",
+            )
+        )
+        rows.append(
+            _lists(
+                "bm25 lists",
+                res_path("bm25/retrieval"),
+                {"train", "dev", *EVAL_SPLITS} if FIRST == "bm25" else EVAL_SPLITS,
+                knob("bm25", "top_k"),
+                corpus,
+            )
+        )
+    for kind in ("reader", "retriever"):
+        if MODELS[kind] == "init":
+            weights = _weights(_chain_job(kind, 0))
+            rows.append(
+                disk_plans.row(
+                    f"init {kind}",
+                    res_path(f"init/{kind}"),
+                    disk_plans.model_files_bytes(
+                        res_path(f"init/{kind}"), weights, _tokenizer(kind)
+                    ),
+                )
+            )
+    for source in COMPARE:
+        if source in PRETRAINED:
+            rows += _dense_rows(source, corpus, EVAL_SPLITS)
+    if CURRICULUM.get("warmup"):
+        rows += _trained_rows(
+            "iter0/reader_warmup",
+            "state/{RUN}/iter0/reader_warmup".format(RUN=RUN),
+            res_path("iter0/reader_warmup/model"),
+            training_job("train_reader", "reader_warmup"),
+            _tokenizer("reader"),
+            "reader_warmup",
+        )
+    for i in range(K):
+        source_k = knob("bm25" if round_source(i) == "bm25" else "retrieve", "top_k")
+        rows += _trained_rows(
+            f"iter{i}/reader",
+            f"state/{RUN}/iter{i}/reader",
+            res_path(f"iter{i}/reader/model"),
+            _chain_job("reader", i),
+            _tokenizer("reader"),
+            stage_section(i, "reader"),
+        )
+        rows.append(
+            _lists(
+                f"iter{i} scores",
+                res_path(f"iter{i}/reader/scores"),
+                ("train", "dev"),
+                source_k,
+                corpus,
+                disk_plans.SCORES_OVER_LISTS,
+            )
+        )
+        rows += _trained_rows(
+            f"iter{i}/retriever",
+            f"state/{RUN}/iter{i}/retriever",
+            res_path(f"iter{i}/retriever/model"),
+            _chain_job("retriever", i),
+            _tokenizer("retriever"),
+            stage_section(i, "retriever"),
+        )
+        # the last round's lists are evaluated only; the others' train and dev lists are read
+        # by the next round
+        splits = EVAL_SPLITS if i == K - 1 else {"train", "dev", *EVAL_SPLITS}
+        rows += _dense_rows(f"iter{i}", corpus, splits)
+    for source, name in SIGNAL_SOURCES.items():
+        rows.append(
+            _lists(
+                f"{source} scores",
+                res_path(f"{source}/scores"),
+                ("train", "dev"),
+                knob("retrieve", "top_k") if K > 1 else source_k,
+                corpus,
+                disk_plans.SCORES_OVER_LISTS,
+            )
+        )
+        rows += _trained_rows(
+            f"{source}/retriever",
+            f"state/{RUN}/{source}/retriever",
+            res_path(f"{source}/retriever/model"),
+            training_job("train_retriever", f"retriever_signal_{name}"),
+            _tokenizer("retriever"),
+            f"retriever_signal_{name}",
+        )
+        rows += _dense_rows(source, corpus, EVAL_SPLITS)
+    rows.append(
+        DiskRow(
+            "configs, logs, evaluations, report",
+            res_path("report"),
+            DISK_MISC_BYTES,
+            "a constant",
+        )
+    )
+    return rows
+
+
+QUESTIONS = _question_counts()
+DISK_ROWS = disk_rows() if workflow.is_main_process else []
+
+
+def check_disk(refuse):
+    """The plan against each file system's free space (onstart, in the Snakefile): a run that
+    does not fit stops with the table unless disk_check is warn."""
+    systems = file_systems(DISK_ROWS)
+    table = format_plan(DISK_ROWS, systems)
+    if not short(systems):
+        return
+    message = (
+        f"the run does not fit on disk:\n{table}\nHint: free space or move results/ and "
+        "state/ (a link to a larger file system), or set disk_check: warn to run anyway "
+        '(config/README.md "Disk")'
+    )
+    if refuse:
+        raise WorkflowError(message)
+    logging.getLogger("fid").warning(message)
+
+
+if DISK_ROWS:
+    _systems = file_systems(DISK_ROWS)
+    snakemake_logger.info(
+        "disk plan (what each stage will hold once done):\n"
+        + format_plan(DISK_ROWS, _systems)
+    )
+    if workflow.output_settings.dryrun and short(_systems):
+        logging.getLogger("fid").warning(
+            "the run does not fit on disk (above): a run would stop here unless "
+            "disk_check: warn"
+        )

@@ -1,0 +1,78 @@
+"""The disk plan's arithmetic (workflow_scripts/disk_plans.py) and its check
+(fid.runtime.disk_plan): faiss's own code sizes, the kept checkpoints, tar members read from their archive, and what a
+file system still needs when part of the run is there."""
+
+from __future__ import annotations
+
+import io
+import sys
+import tarfile
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+
+from fid.runtime.disk_plan import DiskRow, file_systems, folder_bytes, format_plan, short
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "workflow_scripts"))
+import disk_plans  # noqa: E402
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF16,PQ4", "HNSW8", "OPQ4_16,IVF16,PQ4"])
+def test_index_bytes_equal_what_faiss_writes(tmp_path, factory):
+    """The planned index of 2,000 vectors against faiss's own file, within the 20% the
+    workflow's plan promises (its fixed parts: headers, the OPQ matrix, HNSW's upper levels)."""
+    n, dim = 2000, 16
+    vectors = np.random.default_rng(0).standard_normal((n, dim)).astype("float32")
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add(vectors)
+    faiss.write_index(index, str(tmp_path / "index.faiss"))
+    ids = np.array([f"p{i}" for i in range(n)])
+    np.save(tmp_path / "ids.npy", ids)
+    corpus = disk_plans.Corpus(n, 100, len(ids[-1]))
+    planned, basis = disk_plans.index_bytes(corpus, dim, factory, rerank=False)
+    held = folder_bytes(tmp_path)
+    assert abs(planned - held) <= 0.2 * held, (planned, held, basis)
+
+
+def test_kept_checkpoints():
+    assert disk_plans.kept_checkpoints(15000, 500, 2) == 2
+    assert disk_plans.kept_checkpoints(3, 3, 2) == 1  # one save before the end
+    assert disk_plans.kept_checkpoints(10, 0, 2) == 1  # only at the end
+
+
+def test_a_tar_member_is_read_from_its_archive(tmp_path):
+    archive = tmp_path / "a.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("NQ.dev.idx.json")
+        info.size = 1234
+        tar.addfile(info, io.BytesIO(b"x" * 1234))
+    assert disk_plans.extracted_bytes(archive, None, "NQ.dev.idx.json")[0] == 1234
+    assert disk_plans.extracted_bytes(tmp_path / "absent.tar.gz", None, "x")[0] is None
+    assert disk_plans.extracted_bytes(archive, 100, None)[0] == int(
+        100 * disk_plans.GZIP_TEXT_RATIO
+    )
+
+
+def test_a_corpus_is_measured_when_it_is_there(tmp_path):
+    path = tmp_path / "psgs.tsv"
+    path.write_text("id\ttext\ttitle\n" + "".join(f"{i}\tsome text\tT\n" for i in range(1, 101)))
+    corpus = disk_plans.corpus(path, None)
+    assert corpus.passages == 100 and corpus.id_chars == 3
+    assert disk_plans.corpus(tmp_path / "absent.tsv", 620_000).passages == 1000
+
+
+def test_a_file_system_needs_only_what_is_not_there(tmp_path):
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "f").write_bytes(b"\0" * 1000)
+    rows = [DiskRow("done", str(tmp_path / "done"), 1500, "x"),
+            DiskRow("todo", str(tmp_path / "todo" / "deeper"), 700, "y"),
+            DiskRow("unknown", str(tmp_path / "u"), None, "?")]  # fmt: skip
+    (system,) = file_systems(rows)
+    assert system.needed == 500 + 700 and not short(file_systems(rows))
+    table = format_plan(rows, [system])
+    assert "unknown" in table and "?" in table and "fits" in table
+    huge = [DiskRow("huge", str(tmp_path / "h"), 10**18, "z")]
+    assert short(file_systems(huge)) and "DOES NOT FIT" in format_plan(huge, file_systems(huge))

@@ -1,0 +1,166 @@
+"""What each stage of a run will hold on disk (rules/disk.smk's rows, fid.runtime.disk_plan).
+
+Each figure is a formula of what the config says (download sizes, questions per split, top-k,
+rounds, shards, keep_last_checkpoints, index factory) and of the model and corpus sizes; a file
+that is already there counts as it is. The ratios below were measured on this project's runs
+(config/README.md "Disk"), where a formula alone cannot tell:
+
+- GZIP_TEXT_RATIO: psgs_w100.tsv.gz (4,694,541,059 B) holds ~13.0 GB of TSV; other text
+  compresses alike. A tar member's size is read from the archive once it is downloaded.
+- PASSAGE_LINE_BYTES: bytes a DPR TSV line, where the file is not there yet (13.0 GB / 21M).
+- BM25_TEXT_RATIO: bm25s's index (the CSC matrix, vocabulary, ids) over the TSV's bytes: 1.12
+  at the scale rehearsal (13.3 GB for 11.9 GB of TSV at s = 1), 1.14 on the tiny demo.
+- Lists: compact lists hold ~37 B a retrieved passage (its id and score columns); FiD json
+  holds the passage's text and title again plus ~155 B of keys and figures (428 B an entry on
+  the tiny demo, whose lines are 277 B; 730 B at the rehearsal's 567). Scores files are lists
+  with one more column (1.1 x).
+- Checkpoints: model.safetensors (fp32 weights) and training_state.pt (AdamW's two moments,
+  the scheduler, the RNG states): 3.2 x the weights (tiny demo: 150,960 + 328,969 B).
+"""
+
+from __future__ import annotations
+
+import math
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from fid.memory.sizes import format_bytes
+from fid.runtime.disk_plan import DiskRow, folder_bytes
+
+GZIP_TEXT_RATIO = 2.8
+PASSAGE_LINE_BYTES = 620
+BM25_TEXT_RATIO = 1.13
+COMPACT_ENTRY_BYTES = 37
+FID_JSON_ENTRY_OVERHEAD = 155
+SCORES_OVER_LISTS = 1.1
+CHECKPOINT_OVER_WEIGHTS = 3.2
+STORE_BYTES_PER_PASSAGE = 20  # the compact lists' passage store: row offsets and ids
+# a fetched or built model's files beside its weights (config, tokenizer): t5-base's are
+# 2.2 MB (tokenizer.json + spiece.model), bert-base-uncased's 0.7 MB; a built tiny tokenizer
+# ~66 B a vocabulary entry
+HUB_TOKENIZER_BYTES = 2_500_000
+TOKENIZER_BYTES_PER_TOKEN = 70
+TAR_READ_LIMIT = 256 << 20  # tar members are listed from archives up to this size
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The passages a run reads: `passages` of `line_bytes` on average."""
+
+    passages: int
+    line_bytes: float
+    id_chars: int
+
+    @property
+    def text_bytes(self) -> int:
+        return int(self.passages * self.line_bytes)
+
+
+def _gb(size: float) -> str:
+    return format_bytes(int(size))
+
+
+def corpus(path: str | Path, text_bytes: int | None, passages: int | None = None) -> Corpus:
+    """The corpus at `path` when it is there (lines counted from its first 4 MiB), else
+    `passages` or `text_bytes` (an estimate) over DPR's line size."""
+    path = Path(path)
+    if path.is_file():
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(4 << 20)
+        lines = head.splitlines()[1:]  # the header
+        line_bytes = (len(head) / max(1, len(lines) + 1)) if lines else PASSAGE_LINE_BYTES
+        count = passages or (len(lines) if len(head) == size else int(size / line_bytes))
+        id_chars = max((len(line.split(b"\t", 1)[0]) for line in lines[:1000]), default=8)
+        return Corpus(count, size / max(1, count), id_chars)
+    if passages is None:
+        passages = int((text_bytes or 0) / PASSAGE_LINE_BYTES)
+    return Corpus(passages, PASSAGE_LINE_BYTES, len(str(passages)))
+
+
+def extracted_bytes(archive: Path, archive_bytes: int | None, member: str | None) -> tuple:
+    """(bytes, basis) of one extracted file: a single compressed file by GZIP_TEXT_RATIO; a
+    tar member from the archive's header once it is downloaded (None before)."""
+    if member is None:
+        if archive_bytes is None:
+            return None, "archive size not in the config"
+        return int(archive_bytes * GZIP_TEXT_RATIO), f"{GZIP_TEXT_RATIO} x {_gb(archive_bytes)}"
+    if archive.is_file() and archive.stat().st_size <= TAR_READ_LIMIT:
+        with tarfile.open(archive) as tar:
+            try:
+                return tar.getmember(member).size, "its size in the archive"
+            except KeyError:
+                return None, "not in the archive"
+    return None, "a tar member: known once the archive is downloaded"
+
+
+def list_bytes(questions: int, top_k: int, corpus_: Corpus, compact: bool) -> int:
+    """Bytes of one retrieved list file: questions x top_k entries."""
+    entry = COMPACT_ENTRY_BYTES if compact else corpus_.line_bytes + FID_JSON_ENTRY_OVERHEAD
+    return int(questions * top_k * entry)
+
+
+def embeddings_bytes(corpus_: Corpus, dim: int) -> int:
+    """float16 vectors (N, D) and the ids as numpy unicode (4 B a character)."""
+    return corpus_.passages * (dim * 2 + 4 * corpus_.id_chars)
+
+
+def index_bytes(
+    corpus_: Corpus, dim: int, factory: str, rerank: bool, refine: str | int | None = None
+) -> tuple[int, str]:
+    """(bytes, basis) of a faiss index of the corpus: faiss's own code size a vector (and the
+    inverted lists' 8-B ids, the coarse centroids), the passage ids, the residual codes of
+    refine_residual, and the float16 vectors kept for re-ranking."""
+    import faiss
+
+    from fid.retrieval.residual_refine import code_bytes
+
+    built = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.downcast_index(built)  # a view: `built` owns the index
+    ivf, hnsw, fixed = faiss.try_extract_index_ivf(index), getattr(index, "hnsw", None), 0
+    if ivf is not None:  # codes and 8-B ids in the inverted lists; centroids, PQ codebooks
+        per_vector = ivf.code_size + 8
+        fixed = ivf.nlist * ivf.d * 4
+        pq = getattr(faiss.downcast_index(ivf), "pq", None)
+        fixed += pq.ksub * pq.d * 4 if pq is not None else 0
+    elif hnsw is not None:  # its vectors' storage and the level-0 links: 2M neighbours of 4 B
+        per_vector = index.storage.sa_code_size() + hnsw.nb_neighbors(0) * 4
+    else:
+        per_vector = index.sa_code_size()
+    per_vector += 4 * corpus_.id_chars + (dim * 2 if rerank else 0)
+    per_vector += code_bytes(refine, dim) if refine else 0
+    basis = f"{corpus_.passages:,} x {per_vector} B ({factory}{', rerank' if rerank else ''})"
+    return corpus_.passages * per_vector + fixed, basis
+
+
+def model_files_bytes(folder: str | Path, weights: int | None, tokenizer: int) -> tuple:
+    """(bytes, basis) of a model folder: as it is when it is there, else fp32 weights + the
+    tokenizer's files."""
+    if Path(folder).is_dir() and any(Path(folder).glob("*.safetensors")):
+        return folder_bytes(folder), "its files"
+    if weights is None:
+        return None, "model shape unknown"
+    return weights + tokenizer, f"{_gb(weights)} of fp32 weights + tokenizer"
+
+
+def state_bytes(weights: int | None, tokenizer: int, checkpoints: int) -> tuple:
+    """(bytes, basis) of a training state once done: its kept checkpoints and best_dev."""
+    if weights is None:
+        return None, "model shape unknown"
+    checkpoint = int(weights * CHECKPOINT_OVER_WEIGHTS)
+    return checkpoints * checkpoint + weights + tokenizer, (
+        f"{checkpoints} checkpoint{'s' if checkpoints > 1 else ''} of {_gb(checkpoint)} + best_dev"
+    )
+
+
+def kept_checkpoints(max_steps: int, save_every_steps: int | None, keep_last: int) -> int:
+    """Checkpoints a finished training keeps: one each save_every_steps (and the last step's),
+    the last keep_last of them."""
+    saves = math.ceil(max_steps / save_every_steps) if save_every_steps else 1
+    return max(1, min(keep_last, saves))
+
+
+def row(stage: str, folder: str, planned_and_basis: tuple) -> DiskRow:
+    planned, basis = planned_and_basis
+    return DiskRow(stage, folder, None if planned is None else int(planned), basis)
