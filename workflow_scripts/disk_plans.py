@@ -87,11 +87,13 @@ def extracted_bytes(archive: Path, archive_bytes: int | None, member: str | None
             return None, "archive size not in the config"
         return int(archive_bytes * GZIP_TEXT_RATIO), f"{GZIP_TEXT_RATIO} x {_gb(archive_bytes)}"
     if archive.is_file() and archive.stat().st_size <= TAR_READ_LIMIT:
-        with tarfile.open(archive) as tar:
-            try:
+        try:  # a broken archive is refused with its own error by rule extract
+            with tarfile.open(archive) as tar:
                 return tar.getmember(member).size, "its size in the archive"
-            except KeyError:
-                return None, "not in the archive"
+        except KeyError:
+            return None, "not in the archive"
+        except (tarfile.TarError, OSError, EOFError):
+            return None, "the archive cannot be read"
     return None, "a tar member: known once the archive is downloaded"
 
 

@@ -18,8 +18,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from fid.memory.sizes import format_bytes
-
 
 @dataclass(frozen=True)
 class DiskRow:
@@ -100,10 +98,14 @@ def short(systems: list[FileSystem]) -> list[FileSystem]:
     return [fs for fs in systems if fs.needed > fs.free]
 
 
-def _size(size: int | None) -> str:
+def format_size(size: int | None) -> str:
+    """1.23 GiB, 45.6 MiB, 7.8 KiB; "?" for None."""
     if size is None:
         return "?"
-    return format_bytes(size) if size >= 2**20 else f"{size / 2**10:.1f} KiB"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if size >= scale:
+            return f"{size / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{size / 2**10:.1f} KiB"
 
 
 def format_plan(rows: list[DiskRow], systems: list[FileSystem]) -> str:
@@ -112,11 +114,13 @@ def format_plan(rows: list[DiskRow], systems: list[FileSystem]) -> str:
     width = max([len(row.stage) for row in rows] + [5])
     lines = [f"{'stage':<{width}}  {'planned':>10}  folder  (counted as)"]
     for row in rows:
-        lines.append(f"{row.stage:<{width}}  {_size(row.planned):>10}  {row.folder}  ({row.basis})")
+        lines.append(
+            f"{row.stage:<{width}}  {format_size(row.planned):>10}  {row.folder}  ({row.basis})"
+        )
     total = sum(row.planned or 0 for row in rows)
-    lines.append(f"{'total':<{width}}  {_size(total):>10}")
+    lines.append(f"{'total':<{width}}  {format_size(total):>10}")
     for fs in systems:
         verdict = "fits" if fs.needed <= fs.free else "DOES NOT FIT"
-        lines.append(f"  {fs.where}: still needs {format_bytes(fs.needed)}, "
-                     f"{format_bytes(fs.free)} free: {verdict}")  # fmt: skip
+        lines.append(f"  {fs.where}: still needs {format_size(fs.needed)}, "
+                     f"{format_size(fs.free)} free: {verdict}")  # fmt: skip
     return "\n".join(lines)
