@@ -297,11 +297,8 @@ def disk_rows():
         )
     if "bm25" in SOURCES:
         rows.append(
-            DiskRow(
-                "bm25 index",
-                res_path("bm25/index"),
-                int(corpus.text_bytes * disk_plans.BM25_TEXT_RATIO),
-                f"{disk_plans.BM25_TEXT_RATIO} x {corpus.text_bytes / 1e9:.3g} GB of passages",
+            disk_plans.row(
+                "bm25 index", res_path("bm25/index"), disk_plans.bm25_bytes(corpus)
             )
         )
         rows.append(
@@ -354,7 +351,7 @@ def disk_rows():
                 ("train", "dev"),
                 source_k,
                 corpus,
-                disk_plans.SCORES_OVER_LISTS,
+                disk_plans.SCORES_OVER_LISTS["compact" if COMPACT else "fid_json"],
             )
         )
         rows += _trained_rows(
@@ -377,7 +374,7 @@ def disk_rows():
                 ("train", "dev"),
                 knob("retrieve", "top_k") if K > 1 else source_k,
                 corpus,
-                disk_plans.SCORES_OVER_LISTS,
+                disk_plans.SCORES_OVER_LISTS["compact" if COMPACT else "fid_json"],
             )
         )
         rows += _trained_rows(

@@ -8,12 +8,16 @@ that is already there counts as it is. The ratios below were measured on this pr
 - GZIP_TEXT_RATIO: psgs_w100.tsv.gz (4,694,541,059 B) holds ~13.0 GB of TSV; other text
   compresses alike. A tar member's size is read from the archive once it is downloaded.
 - PASSAGE_LINE_BYTES: bytes a DPR TSV line, where the file is not there yet (13.0 GB / 21M).
-- BM25_TEXT_RATIO: bm25s's index (the CSC matrix, vocabulary, ids) over the TSV's bytes: 1.12
-  at the scale rehearsal (13.3 GB for 11.9 GB of TSV at s = 1), 1.14 on the tiny demo.
+- BM25: bm25s's index is its CSC matrix (a 4-B score and a 4-B row a distinct term of a
+  passage: 1.05 x the TSV's bytes at the 1/1000 rehearsal, 13.1 of 18.1 MB), the passage ids
+  (numpy unicode) and the vocabulary (its pointer and JSON entry, ~28 B a term). Terms follow
+  Heaps' law, 204 x tokens^0.46 (a token ~5.7 B of TSV): 164k at the rehearsal's 2.1M tokens
+  (measured), ~4M at NQ's 2.3B (the rehearsal's fitted law at s = 1, 13.3 GB in all).
 - Lists: compact lists hold ~37 B a retrieved passage (its id and score columns); FiD json
   holds the passage's text and title again plus ~155 B of keys and figures (428 B an entry on
   the tiny demo, whose lines are 277 B; 730 B at the rehearsal's 567). Scores files are lists
-  with one more column (1.1 x).
+  with the reader's score column more: 1.1 x as FiD json (tiny demo), 1.52 x compact (58 B an
+  entry at the rehearsal).
 - Checkpoints: model.safetensors (fp32 weights) and training_state.pt (AdamW's two moments,
   the scheduler, the RNG states): 3.2 x the weights (tiny demo: 150,960 + 328,969 B).
 """
@@ -30,10 +34,12 @@ from fid.runtime.disk_plan import DiskRow, folder_bytes
 
 GZIP_TEXT_RATIO = 2.8
 PASSAGE_LINE_BYTES = 620
-BM25_TEXT_RATIO = 1.13
+BM25_MATRIX_OVER_TEXT = 1.05
+BM25_TERM_BYTES = 28
+HEAPS_K, HEAPS_BETA, TOKEN_BYTES = 204, 0.46, 5.7
 COMPACT_ENTRY_BYTES = 37
 FID_JSON_ENTRY_OVERHEAD = 155
-SCORES_OVER_LISTS = 1.1
+SCORES_OVER_LISTS = {"fid_json": 1.1, "compact": 1.52}
 CHECKPOINT_OVER_WEIGHTS = 3.2
 STORE_BYTES_PER_PASSAGE = 20  # the compact lists' passage store: row offsets and ids
 # a fetched or built model's files beside its weights (config, tokenizer): t5-base's are
@@ -95,6 +101,16 @@ def extracted_bytes(archive: Path, archive_bytes: int | None, member: str | None
         except (tarfile.TarError, OSError, EOFError):
             return None, "the archive cannot be read"
     return None, "a tar member: known once the archive is downloaded"
+
+
+def bm25_bytes(corpus_: Corpus) -> tuple[int, str]:
+    """(bytes, basis) of the BM25 index: matrix, ids and vocabulary."""
+    tokens = corpus_.text_bytes / TOKEN_BYTES
+    terms = int(min(tokens, HEAPS_K * tokens**HEAPS_BETA))
+    planned = corpus_.text_bytes * BM25_MATRIX_OVER_TEXT + corpus_.passages * 4 * corpus_.id_chars
+    return int(planned + terms * BM25_TERM_BYTES), (
+        f"{BM25_MATRIX_OVER_TEXT} x {_gb(corpus_.text_bytes)} of passages, ~{terms:,} terms"
+    )
 
 
 def list_bytes(questions: int, top_k: int, corpus_: Corpus, compact: bool) -> int:
