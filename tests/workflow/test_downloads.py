@@ -17,7 +17,15 @@ import tarfile
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, SAMPLES, dry_run, local_rules, planned_jobs, snakemake
+from workflow_helpers import (
+    ROOT,
+    SAMPLES,
+    disk_plan,
+    dry_run,
+    local_rules,
+    planned_jobs,
+    snakemake,
+)
 
 TINY = ROOT / "tests" / "workflow" / "config.yaml"
 SPLITS = ("train", "dev", "test")
@@ -184,6 +192,10 @@ def test_data_rules_are_local_under_the_slurm_profile(tmp_path, name):
                      target, "--configfile", str(config))  # fmt: skip
     assert {"download", "extract"} <= {job["rule"] for job in planned_jobs(output)}
     assert {"download", "extract"} <= local_rules(tmp_path, config)
+    # the plan names the hub models to fetch and what every stage will hold on disk
+    rows = {stage: planned for stage, planned, _ in disk_plan(output)}
+    assert {f"model {cfg['models']['reader']}", "model bert-base-uncased"} <= set(rows)
+    assert rows["downloads"] > 4e9 and rows["bm25 index"] > 13e9 and rows["iter2 index"] > 1e10
     cfg["data"]["download_on_compute_nodes"] = True
     (tmp_path / "compute.yaml").write_text(yaml.safe_dump(cfg))
     assert not {"download", "extract"} & local_rules(tmp_path, tmp_path / "compute.yaml")
