@@ -1,6 +1,6 @@
 """Disk: what every stage of the run will hold on disk, printed when the workflow loads (dry
 runs too) and checked against the free space of each file system it writes to before the first
-job (onstart, in the Snakefile). The figures are workflow_scripts/disk_plans.py's formulas of
+job (onstart, in the Snakefile). The figures are fid/memory/disk_sizes.py's formulas of
 the config (download sizes, questions, top-k, rounds, shards, keep_last_checkpoints, the index
 factory) and of the model and corpus sizes; config/README.md "Disk" says how they were checked.
 
@@ -21,7 +21,10 @@ from fid.runtime.disk_plan import (
     short,
 )
 
-disk_plans = _glue_module("disk_plans")
+from fid.memory import disk_sizes
+from fid.retrieval.bm25 import text_statistics
+from fid.retrieval.residual_refine import code_bytes
+
 DISK_MISC_BYTES = 500_000  # configs, logs, evaluations, the report (0.34 MB: tiny demo)
 
 
@@ -63,7 +66,7 @@ def _extracted():
             size, basis = out.stat().st_size, "there"
         else:
             archive = Path(f"resources/{DATASET}/downloads/{spec['archive']}")
-            size, basis = disk_plans.extracted_bytes(
+            size, basis = disk_sizes.extracted_bytes(
                 archive,
                 DOWNLOADS.get(spec["archive"], {}).get("bytes"),
                 spec.get("member"),
@@ -79,7 +82,7 @@ def _corpus():
     if SCALE:
         counts = config_from_dict(STAGES["scale_data"][1], ScaleDataConfig).sizes()
         # the rehearsal's lines: 11.9 GB at scale 1 (566 B a passage, measured)
-        return disk_plans.Corpus(counts["passages"], 566, len(str(counts["passages"])))
+        return disk_sizes.Corpus(counts["passages"], 566, len(str(counts["passages"])))
     if DEMO:
         from fid.demo.world import build_world
 
@@ -87,7 +90,7 @@ def _corpus():
             config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
         )
         text = sum(len(p.id) + len(p.title) + len(p.text) + 3 for p in world.passages)
-        return disk_plans.Corpus(
+        return disk_sizes.Corpus(
             len(world.passages),
             text / len(world.passages),
             max(len(p.id) for p in world.passages),
@@ -103,12 +106,26 @@ def _corpus():
     estimate = None
     if extracted:
         spec = EXTRACTS[extracted]
-        estimate = disk_plans.extracted_bytes(
+        estimate = disk_sizes.extracted_bytes(
             Path("-"),
             DOWNLOADS.get(spec["archive"], {}).get("bytes"),
             spec.get("member"),
         )[0]
-    return disk_plans.corpus(DATA["passages"], estimate)
+    return disk_sizes.corpus(DATA["passages"], estimate)
+
+
+def _text_stats():
+    """How the corpus tokenizes for BM25: measured on its first 4 MiB where it is there; the
+    rehearsal's generator's; else real Wikipedia's."""
+    if SCALE:
+        return disk_sizes.SCALE_TEXT
+    path = Path(passages())
+    if path.is_file():
+        try:  # a broken file is refused with its own error by the job that reads it
+            return disk_sizes.TextStats(**text_statistics(path, CHECKED["bm25"]))
+        except (OSError, ValueError, InputError):
+            pass
+    return disk_sizes.WIKIPEDIA
 
 
 def _chain_job(kind, i):
@@ -123,10 +140,10 @@ def _weights(job):
 
 def _tokenizer(kind):
     if MODELS[kind] == "init":
-        return disk_plans.TOKENIZER_BYTES_PER_TOKEN * STAGES[f"init_{kind}"][1].get(
+        return disk_sizes.TOKENIZER_BYTES_PER_TOKEN * STAGES[f"init_{kind}"][1].get(
             "vocab_size", 32000
         )
-    return disk_plans.HUB_TOKENIZER_BYTES
+    return disk_sizes.HUB_TOKENIZER_BYTES
 
 
 def _package_bytes(package):
@@ -163,7 +180,7 @@ def _dense_width(source):
 
 def _lists(stage, folder, splits, top_k, corpus, factor=1.0):
     questions = sum(QUESTIONS[s] for s in splits)
-    planned = disk_plans.list_bytes(questions, top_k, corpus, COMPACT) * factor
+    planned = disk_sizes.list_bytes(questions, top_k, corpus, COMPACT) * factor
     what = "compact" if COMPACT else "FiD json"
     return DiskRow(
         stage,
@@ -186,13 +203,14 @@ def _dense_rows(source, corpus, splits):
         DiskRow(
             f"{source} embeddings",
             res_path(f"{source}/embeddings"),
-            disk_plans.embeddings_bytes(corpus, dim),
+            disk_sizes.embeddings_bytes(corpus, dim),
             f"{corpus.passages:,} passages x {dim} dims, float16",
         )
     )
     index = CHECKED["build_index"]
-    planned, basis = disk_plans.index_bytes(
-        corpus, dim, index.factory, index.rerank, index.refine_residual
+    refine = code_bytes(index.refine_residual, dim) if index.refine_residual else 0
+    planned, basis = disk_sizes.index_bytes(
+        corpus, dim, index.factory, index.rerank, refine
     )
     rows.append(DiskRow(f"{source} index", res_path(f"{source}/index"), planned, basis))
     top_k = knob("retrieve", "top_k")
@@ -210,19 +228,19 @@ def _dense_rows(source, corpus, splits):
 
 def _trained_rows(name, state, export, job, tokenizer, stage):
     weights = _weights(job)
-    kept = disk_plans.kept_checkpoints(
+    kept = disk_sizes.kept_checkpoints(
         knob(stage, "max_steps"),
         knob(stage, "save_every_steps"),
         knob(stage, "keep_last_checkpoints"),
     )
     return [
-        disk_plans.row(
-            f"state {name}", state, disk_plans.state_bytes(weights, tokenizer, kept)
+        disk_sizes.row(
+            f"state {name}", state, disk_sizes.state_bytes(weights, tokenizer, kept)
         ),
-        disk_plans.row(
+        disk_sizes.row(
             f"{name} model",
             export,
-            disk_plans.model_files_bytes(export, weights, tokenizer),
+            disk_sizes.model_files_bytes(export, weights, tokenizer),
         ),
     ]
 
@@ -247,7 +265,7 @@ def disk_rows():
         )
     if EXTRACTS:
         rows.append(
-            disk_plans.row("extracted", f"resources/{DATASET}/extracted", _extracted())
+            disk_sizes.row("extracted", f"resources/{DATASET}/extracted", _extracted())
         )
     for folder, name in HUB_MODELS.items():
         job = next(
@@ -256,18 +274,18 @@ def disk_rows():
         )
         path = f"resources/models/{folder}"
         rows.append(
-            disk_plans.row(
+            disk_sizes.row(
                 f"model {name}",
                 path,
-                disk_plans.model_files_bytes(
-                    path, _weights(job), disk_plans.HUB_TOKENIZER_BYTES
+                disk_sizes.model_files_bytes(
+                    path, _weights(job), disk_sizes.HUB_TOKENIZER_BYTES
                 ),
             )
         )
     for name, spec in PRETRAINED.items():
         if "package" in spec:
             rows.append(
-                disk_plans.row(
+                disk_sizes.row(
                     f"pretrained {name}",
                     f"resources/pretrained/{name}",
                     _package_bytes(spec["package"]),
@@ -291,14 +309,16 @@ def disk_rows():
             DiskRow(
                 "passage store",
                 res_path("passages"),
-                corpus.passages * disk_plans.STORE_BYTES_PER_PASSAGE,
-                f"{corpus.passages:,} passages x {disk_plans.STORE_BYTES_PER_PASSAGE} B",
+                corpus.passages * disk_sizes.STORE_BYTES_PER_PASSAGE,
+                f"{corpus.passages:,} passages x {disk_sizes.STORE_BYTES_PER_PASSAGE} B",
             )
         )
     if "bm25" in SOURCES:
         rows.append(
-            disk_plans.row(
-                "bm25 index", res_path("bm25/index"), disk_plans.bm25_bytes(corpus)
+            disk_sizes.row(
+                "bm25 index",
+                res_path("bm25/index"),
+                disk_sizes.bm25_bytes(corpus, _text_stats()),
             )
         )
         rows.append(
@@ -314,10 +334,10 @@ def disk_rows():
         if MODELS[kind] == "init":
             weights = _weights(_chain_job(kind, 0))
             rows.append(
-                disk_plans.row(
+                disk_sizes.row(
                     f"init {kind}",
                     res_path(f"init/{kind}"),
-                    disk_plans.model_files_bytes(
+                    disk_sizes.model_files_bytes(
                         res_path(f"init/{kind}"), weights, _tokenizer(kind)
                     ),
                 )
@@ -351,7 +371,7 @@ def disk_rows():
                 ("train", "dev"),
                 source_k,
                 corpus,
-                disk_plans.SCORES_OVER_LISTS["compact" if COMPACT else "fid_json"],
+                disk_sizes.SCORES_OVER_LISTS["compact" if COMPACT else "fid_json"],
             )
         )
         rows += _trained_rows(
@@ -374,7 +394,7 @@ def disk_rows():
                 ("train", "dev"),
                 knob("retrieve", "top_k") if K > 1 else source_k,
                 corpus,
-                disk_plans.SCORES_OVER_LISTS["compact" if COMPACT else "fid_json"],
+                disk_sizes.SCORES_OVER_LISTS["compact" if COMPACT else "fid_json"],
             )
         )
         rows += _trained_rows(

@@ -321,6 +321,60 @@ def ask(args) -> None:
 
 
 # ---------------------------------------------------------------- planning
+# What each command of `fid plan-disk` needs beside --config: flag -> what it is.
+_DISK_NEEDS = {
+    "train-reader": ("model",), "train-retriever": ("model",),
+    "embed-passages": ("model", "passages"), "build-index": ("model", "passages"),
+    "build-bm25": ("passages",), "retrieve": ("passages", "questions"),
+    "retrieve-bm25": ("passages", "questions"), "score-passages": ("lists",),
+}  # fmt: skip
+
+
+def plan_disk(args) -> None:
+    from fid.config import (
+        BM25Config,
+        ConfigError,
+        EmbedPassagesConfig,
+        IndexConfig,
+        ReaderTrainConfig,
+        RetrieveConfig,
+        RetrieverTrainConfig,
+        ScorePassagesConfig,
+    )
+    from fid.errors import InputError
+    from fid.memory.disk_sizes import command_rows, model_width
+    from fid.retrieval.residual_refine import code_bytes
+    from fid.runtime.disk_plan import file_systems, format_plan, short
+
+    missing = [f"--{n}" for n in _DISK_NEEDS[args.planned] if getattr(args, n) is None]
+    if missing:
+        raise ConfigError(f"fid plan-disk --for {args.planned} needs {' and '.join(missing)}")
+    for path in [args.passages, args.lists, *(args.questions or [])]:
+        if path is not None and not Path(path).is_file():
+            raise InputError(f"{path}: no such file")
+    config_class = {
+        "train-reader": ReaderTrainConfig, "train-retriever": RetrieverTrainConfig,
+        "embed-passages": EmbedPassagesConfig, "build-index": IndexConfig,
+        "build-bm25": BM25Config, "retrieve": RetrieveConfig, "retrieve-bm25": BM25Config,
+        "score-passages": ScorePassagesConfig,
+    }[args.planned]  # fmt: skip
+    cfg = _load_config(args, config_class)
+    refine, text = 0, None
+    if args.planned == "build-bm25":
+        from fid.memory.disk_sizes import TextStats
+        from fid.retrieval.bm25 import text_statistics
+
+        text = TextStats(**text_statistics(args.passages, cfg))
+    if args.planned == "build-index" and cfg.refine_residual:
+        refine = code_bytes(cfg.refine_residual, model_width(args.model))
+    rows = command_rows(args.planned, cfg, args.where, model=args.model, passages=args.passages,
+                        questions=args.questions, lists=args.lists,
+                        compact=args.list_format == "compact", refine_bytes=refine,
+                        **({"text": text} if text else {}))  # fmt: skip
+    systems = file_systems(rows, resumed=False)  # --where may hold other files
+    print(format_plan(rows, systems))
+    if short(systems):
+        raise InputError(f"fid {args.planned}: does not fit on disk at {args.where} (above)")
 
 
 def plan_memory(args) -> None:

@@ -19,6 +19,7 @@ _OUTPUTS = {
     "download": {"output": (), "record": ()},
     "ask": {},
     "plan-memory": {},
+    "plan-disk": {},
 }
 
 # Commands that run no model: they start without torch (about 1.5 s less a job) and without a
@@ -27,6 +28,7 @@ MODEL_FREE = frozenset({
     "download", "extract", "prepare-questions", "make-reader-lists", "make-demo-data",
     "make-scale-data", "build-bm25", "retrieve-bm25", "eval-retrieval", "eval-baseline",
     "build-passage-store", "convert-lists", "copy-packaged-model", "plan-memory", "fetch-model",
+    "plan-disk",
 })  # fmt: skip
 
 
@@ -301,4 +303,24 @@ the search); --reader, --retriever, --index, --passages replace them. Without --
     c.add_argument("--gpu-memory", help="memory of one rank's device, e.g. 80GiB or 40GB")
     c.add_argument("--answer-tokens", type=int, default=20,
                    help="an answer's tokens, for score-passages' pdist and loop (default 20)")  # fmt: skip
+
+    c = add(
+        "plan-disk",
+        commands.plan_disk,
+        "What one command will write to disk, from its --config and its inputs (the formulas "
+        'of the workflow\'s disk plan, config/README.md "Disk"), against the free space where '
+        "it writes. Exit 1 when it does not fit.",
+    )
+    c.add_argument("--for", dest="planned", required=True,
+                   choices=("train-reader", "train-retriever", "embed-passages", "build-index",
+                            "build-bm25", "retrieve", "retrieve-bm25", "score-passages"),
+                   help="the command to plan")  # fmt: skip
+    c.add_argument("--model", help="train-*: the model it starts from; embed-passages, "
+                   "build-index: the retriever (its embedding width)")  # fmt: skip
+    c.add_argument("--passages", help="the passage TSV (embed, index, BM25, retrieve)")
+    c.add_argument("--questions", nargs="+", help="retrieve: the question files")
+    c.add_argument("--lists", help="score-passages: the lists it scores")
+    c.add_argument("--list-format", choices=("fid_json", "compact"), default="fid_json",
+                   help="what retrieve and score-passages write (default fid_json)")  # fmt: skip
+    c.add_argument("--where", default=".", help="the folder it will write into (default .)")
     return parser

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import array
 import logging
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,6 +133,36 @@ def _tokenize_corpus(passages_path: Path, tokenizer: Tokenizer) -> tuple[_FlatDo
         offsets.append(len(flat))
     docs = _FlatDocs(np.frombuffer(flat, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64))
     return docs, ids
+
+
+def text_statistics(passages_path: str | Path, cfg: BM25Config, max_bytes: int = 4 << 20) -> dict:
+    """How a passage file tokenizes for this BM25 config, from its first `max_bytes` (what the
+    disk plan sizes an index by, fid.memory.disk_sizes.TextStats): the index's entries (a
+    passage's distinct terms) and its tokens per byte of the file, and Heaps' law of the
+    vocabulary (terms = k x tokens^beta) fitted between the sample's first half and whole."""
+    passages_path = Path(passages_path)
+    analysis = {"token_pattern": cfg.token_pattern, "stopwords": cfg.stopwords,
+                "stemmer": cfg.stemmer}  # fmt: skip
+    tokenizer = _tokenizer(analysis)
+    read = entries = tokens = 0
+    halfway, sample = None, min(max_bytes, passages_path.stat().st_size)
+    for passage in iter_passages(passages_path):
+        (ids,) = tokenizer.tokenize([f"{passage.title} {passage.text}"], update_vocab=True,
+                                    return_as="ids", show_progress=False)  # fmt: skip
+        read += len(passage.id) + len(passage.title) + len(passage.text) + 3  # a line's bytes
+        entries, tokens = entries + len(set(ids)), tokens + len(ids)
+        if halfway is None and read >= sample // 2:
+            halfway = (tokens, len(tokenizer.get_vocab_dict()))
+        if read >= max_bytes:
+            break
+    vocab = len(tokenizer.get_vocab_dict())
+    if not read:
+        raise DataError(f"{passages_path}: no passages")
+    beta = 1.0
+    if halfway and tokens > halfway[0] and vocab > halfway[1] > 0:
+        beta = math.log(vocab / halfway[1]) / math.log(tokens / halfway[0])
+    return {"entries_per_byte": entries / read, "tokens_per_byte": tokens / read,
+            "heaps_k": vocab / max(1, tokens) ** beta, "heaps_beta": beta}  # fmt: skip
 
 
 def build_bm25(passages_path: str | Path, index_dir: str | Path, cfg: BM25Config) -> None:

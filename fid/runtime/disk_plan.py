@@ -77,15 +77,17 @@ class FileSystem:
     needed: int
 
 
-def file_systems(rows: list[DiskRow]) -> list[FileSystem]:
+def file_systems(rows: list[DiskRow], resumed: bool = True) -> list[FileSystem]:
     """Each file system the rows write to, with the bytes its rows still need (planned less
-    what their folders hold already) and its free bytes now."""
+    what their folders hold already, where `resumed`: a row's folder is its own) and its free
+    bytes now."""
     found: dict[int, tuple[Path, int]] = {}
     for row in rows:
         parent = _existing_parent(Path(row.folder))
         device = parent.stat().st_dev
         where, needed = found.get(device, (parent, 0))
-        still = max(0, (row.planned or 0) - folder_bytes(row.folder))
+        held = folder_bytes(row.folder) if resumed else 0
+        still = max(0, (row.planned or 0) - held)
         found[device] = (where, needed + still)
     return [
         FileSystem(_mount_point(where), shutil.disk_usage(where).free, needed)

@@ -1,4 +1,5 @@
-"""What each stage of a run will hold on disk (rules/disk.smk's rows, fid.runtime.disk_plan).
+"""What each stage will hold on disk: the formulas of the workflow's disk plan (rules/disk.smk)
+and of `fid plan-disk`, with fid.runtime.disk_plan's rows and check.
 
 Each figure is a formula of what the config says (download sizes, questions per split, top-k,
 rounds, shards, keep_last_checkpoints, index factory) and of the model and corpus sizes; a file
@@ -8,11 +9,12 @@ that is already there counts as it is. The ratios below were measured on this pr
 - GZIP_TEXT_RATIO: psgs_w100.tsv.gz (4,694,541,059 B) holds ~13.0 GB of TSV; other text
   compresses alike. A tar member's size is read from the archive once it is downloaded.
 - PASSAGE_LINE_BYTES: bytes a DPR TSV line, where the file is not there yet (13.0 GB / 21M).
-- BM25: bm25s's index is its CSC matrix (a 4-B score and a 4-B row a distinct term of a
-  passage: 1.05 x the TSV's bytes at the 1/1000 rehearsal, 13.1 of 18.1 MB), the passage ids
-  (numpy unicode) and the vocabulary (its pointer and JSON entry, ~28 B a term). Terms follow
-  Heaps' law, 204 x tokens^0.46 (a token ~5.7 B of TSV): 164k at the rehearsal's 2.1M tokens
-  (measured), ~4M at NQ's 2.3B (the rehearsal's fitted law at s = 1, 13.3 GB in all).
+- BM25: bm25s's index is its CSC matrix (a 4-B score and a 4-B row for each distinct term of a
+  passage), the passage ids (numpy unicode) and the vocabulary (its pointer and JSON entry,
+  <= 28 B a term, Heaps' law over the tokens). How a text tokenizes (TextStats) is measured on
+  the corpus's first 4 MiB when it is there (fid.retrieval.bm25.text_statistics), else taken
+  from real Wikipedia passages (samples/dpr, DPR's rows) or, for the scale rehearsal, from its
+  generator's text.
 - Lists: compact lists hold ~37 B a retrieved passage (its id and score columns); FiD json
   holds the passage's text and title again plus ~155 B of keys and figures (428 B an entry on
   the tiny demo, whose lines are 277 B; 730 B at the rehearsal's 567). Scores files are lists
@@ -34,9 +36,7 @@ from fid.runtime.disk_plan import DiskRow, folder_bytes
 
 GZIP_TEXT_RATIO = 2.8
 PASSAGE_LINE_BYTES = 620
-BM25_MATRIX_OVER_TEXT = 1.05
 BM25_TERM_BYTES = 28
-HEAPS_K, HEAPS_BETA, TOKEN_BYTES = 204, 0.46, 5.7
 COMPACT_ENTRY_BYTES = 37
 FID_JSON_ENTRY_OVERHEAD = 155
 SCORES_OVER_LISTS = {"fid_json": 1.1, "compact": 1.52}
@@ -48,6 +48,24 @@ STORE_BYTES_PER_PASSAGE = 20  # the compact lists' passage store: row offsets an
 HUB_TOKENIZER_BYTES = 2_500_000
 TOKENIZER_BYTES_PER_TOKEN = 70
 TAR_READ_LIMIT = 256 << 20  # tar members are listed from archives up to this size
+
+
+@dataclass(frozen=True)
+class TextStats:
+    """How a passage file tokenizes for BM25 (fid.retrieval.bm25.text_statistics): index
+    entries (a passage's distinct terms) and tokens per byte of the file; its vocabulary
+    follows Heaps' law, terms = heaps_k x tokens^heaps_beta."""
+
+    entries_per_byte: float
+    tokens_per_byte: float
+    heaps_k: float
+    heaps_beta: float
+
+
+# samples/dpr/psgs_w100.subset.tsv: 751 of DPR's Wikipedia passages (Lucene stopwords, Porter)
+WIKIPEDIA = TextStats(0.0913, 0.1178, 13.14, 0.606)
+# fid make-scale-data's text, its whole 1/1000 file (12.5 MB): 164k terms at 1.7M tokens
+SCALE_TEXT = TextStats(0.1325, 0.1356, 972.7, 0.358)
 
 
 @dataclass(frozen=True)
@@ -103,14 +121,13 @@ def extracted_bytes(archive: Path, archive_bytes: int | None, member: str | None
     return None, "a tar member: known once the archive is downloaded"
 
 
-def bm25_bytes(corpus_: Corpus) -> tuple[int, str]:
+def bm25_bytes(corpus_: Corpus, text: TextStats = WIKIPEDIA) -> tuple[int, str]:
     """(bytes, basis) of the BM25 index: matrix, ids and vocabulary."""
-    tokens = corpus_.text_bytes / TOKEN_BYTES
-    terms = int(min(tokens, HEAPS_K * tokens**HEAPS_BETA))
-    planned = corpus_.text_bytes * BM25_MATRIX_OVER_TEXT + corpus_.passages * 4 * corpus_.id_chars
-    return int(planned + terms * BM25_TERM_BYTES), (
-        f"{BM25_MATRIX_OVER_TEXT} x {_gb(corpus_.text_bytes)} of passages, ~{terms:,} terms"
-    )
+    tokens = corpus_.text_bytes * text.tokens_per_byte
+    terms = int(min(tokens, text.heaps_k * tokens**text.heaps_beta))
+    entries = int(corpus_.text_bytes * text.entries_per_byte)
+    planned = entries * 8 + corpus_.passages * 4 * corpus_.id_chars + terms * BM25_TERM_BYTES
+    return planned, f"{entries:,} entries, ~{terms:,} terms"
 
 
 def list_bytes(questions: int, top_k: int, corpus_: Corpus, compact: bool) -> int:
@@ -125,14 +142,13 @@ def embeddings_bytes(corpus_: Corpus, dim: int) -> int:
 
 
 def index_bytes(
-    corpus_: Corpus, dim: int, factory: str, rerank: bool, refine: str | int | None = None
+    corpus_: Corpus, dim: int, factory: str, rerank: bool, refine_bytes: int = 0
 ) -> tuple[int, str]:
     """(bytes, basis) of a faiss index of the corpus: faiss's own code size a vector (and the
-    inverted lists' 8-B ids, the coarse centroids), the passage ids, the residual codes of
-    refine_residual, and the float16 vectors kept for re-ranking."""
+    inverted lists' 8-B ids, the coarse centroids, PQ codebooks), the passage ids, the residual
+    codes of refine_residual (`refine_bytes` a passage: fid.retrieval.residual_refine's
+    code_bytes), and the float16 vectors kept for re-ranking."""
     import faiss
-
-    from fid.retrieval.residual_refine import code_bytes
 
     built = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     index = faiss.downcast_index(built)  # a view: `built` owns the index
@@ -147,7 +163,7 @@ def index_bytes(
     else:
         per_vector = index.sa_code_size()
     per_vector += 4 * corpus_.id_chars + (dim * 2 if rerank else 0)
-    per_vector += code_bytes(refine, dim) if refine else 0
+    per_vector += refine_bytes
     basis = f"{corpus_.passages:,} x {per_vector} B ({factory}{', rerank' if rerank else ''})"
     return corpus_.passages * per_vector + fixed, basis
 
@@ -182,3 +198,90 @@ def kept_checkpoints(max_steps: int, save_every_steps: int | None, keep_last: in
 def row(stage: str, folder: str, planned_and_basis: tuple) -> DiskRow:
     planned, basis = planned_and_basis
     return DiskRow(stage, folder, None if planned is None else int(planned), basis)
+
+
+# ---------------------------------------------------------------- `fid plan-disk`: one command
+def model_width(model: str) -> int:
+    """The embedding width of a retriever folder or hub name: its projection (dual_encoder.json),
+    else its encoder's hidden size."""
+    import json
+
+    from fid.memory.model_shapes import model_config
+    from fid.models.retriever_spec import CONFIG_FILE
+
+    spec = Path(model) / CONFIG_FILE
+    if spec.is_file():
+        projection = json.loads(spec.read_text()).get("projection_dim")
+        if projection:
+            return int(projection)
+    config = model_config(model, "encoder")
+    return int(getattr(config, "hidden_size", None) or config.d_model)
+
+
+def trained_weights(command: str, cfg, model: str) -> int:
+    """fp32 bytes of what `command` (train-reader / train-retriever) trains from `model`."""
+    from fid.memory.command_plans import command_plan_inputs
+    from fid.memory.plan import model_bytes
+
+    return model_bytes(command_plan_inputs(command, cfg, model, 1, "cpu"))
+
+
+def _tokenizer_bytes(model: str) -> int:
+    """A model folder's files beside its weights, else a hub model's usual."""
+    folder = Path(model)
+    if folder.is_dir():
+        return sum(f.stat().st_size for f in folder.iterdir()
+                   if f.is_file() and not f.name.endswith(".safetensors"))  # fmt: skip
+    return HUB_TOKENIZER_BYTES
+
+
+def _questions(paths: list[str]) -> int:
+    total = 0
+    for path in paths:
+        with open(path, "rb") as handle:
+            head = handle.read(1)
+            handle.seek(0)
+            if head == b"[":  # FiD json: a list of records
+                import json
+
+                total += len(json.load(handle))
+            else:  # one question a line (jsonl, DPR's TSV/CSV)
+                total += sum(1 for line in handle if line.strip())
+    return total
+
+
+def command_rows(command: str, cfg, output: str, *, model: str | None = None,
+                 passages: str | None = None, questions: list[str] | None = None,
+                 lists: str | None = None, compact: bool = False,
+                 refine_bytes: int = 0, text: TextStats = WIKIPEDIA) -> list[DiskRow]:  # fmt: skip
+    """The rows of one command's outputs, written under `output` (train-*: the state folder
+    then the exported model beside it)."""
+    if command in ("train-reader", "train-retriever"):
+        weights, tokenizer = trained_weights(command, cfg, model), _tokenizer_bytes(model)
+        kept = kept_checkpoints(cfg.max_steps, cfg.save_every_steps, cfg.keep_last_checkpoints)
+        return [
+            row("training state", output, state_bytes(weights, tokenizer, kept)),
+            row("exported model", output, model_files_bytes("-", weights, tokenizer)),
+        ]
+    if command == "score-passages":
+        factor = SCORES_OVER_LISTS["compact" if compact else "fid_json"]
+        size = Path(lists).stat().st_size
+        return [DiskRow("scores", output, int(size * factor), f"{factor} x {_gb(size)} of lists")]
+    if command in ("retrieve", "retrieve-bm25"):
+        count = _questions(questions or [])
+        return [
+            DiskRow(
+                "lists",
+                output,
+                list_bytes(count, cfg.top_k, corpus(passages, None), compact),
+                f"{count:,} questions x {cfg.top_k} passages",
+            )  # fmt: skip
+        ]
+    corpus_ = corpus(passages, None)
+    if command == "build-bm25":
+        return [row("bm25 index", output, bm25_bytes(corpus_, text))]
+    dim = model_width(model)
+    if command == "embed-passages":
+        return [DiskRow("embeddings", output, embeddings_bytes(corpus_, dim),
+                        f"{corpus_.passages:,} passages x {dim} dims, float16")]  # fmt: skip
+    return [row("index", output, index_bytes(corpus_, dim, cfg.factory, cfg.rerank, refine_bytes))]
