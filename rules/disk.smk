@@ -12,6 +12,8 @@ REQUIRED INPUTS: the config; memory.smk (the models' sizes, from their memory pl
 OUTPUTS: none (no rules): DISK_ROWS, DISK_TABLE and check_disk().
 """
 
+import hashlib
+
 from fid.errors import InputError
 from fid.runtime.disk_plan import (
     DiskRow,
@@ -115,10 +117,17 @@ def _corpus():
 
 
 def _text_stats():
-    """How the corpus tokenizes for BM25: measured on its first 4 MiB where it is there; the
-    rehearsal's generator's; else real Wikipedia's."""
+    """How the corpus tokenizes for BM25: measured on its first 4 MiB where it is there (the
+    demo's world, built here); the rehearsal's generator's; else real Wikipedia's."""
     if SCALE:
         return disk_sizes.SCALE_TEXT
+    if DEMO:  # the world is built here in a moment
+        from fid.demo.world import build_world
+
+        world = build_world(
+            config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
+        )
+        return disk_sizes.TextStats(**text_statistics(world.passages, CHECKED["bm25"]))
     path = Path(passages())
     if path.is_file():
         try:  # a broken file is refused with its own error by the job that reads it
@@ -135,15 +144,60 @@ def _chain_job(kind, i):
 
 
 def _weights(job):
-    return memory_plans.weights(job) if job else None
+    """fp32 bytes of a training job's model; an init model's at the vocabulary its tokenizer
+    will learn (a small corpus gives fewer pieces than vocab_size)."""
+    if job is None:
+        return None
+    if "init" in job.model:
+        kind = job.model["init"]
+        knobs = {**job.model["knobs"], "vocab_size": _learned_vocab(kind)}
+        job = dataclasses.replace(job, model={"init": kind, "knobs": knobs})
+    return memory_plans.weights(job)
 
 
 def _tokenizer(kind):
     if MODELS[kind] == "init":
-        return disk_sizes.TOKENIZER_BYTES_PER_TOKEN * STAGES[f"init_{kind}"][1].get(
-            "vocab_size", 32000
-        )
+        return disk_sizes.TOKENIZER_BYTES_PER_TOKEN * _learned_vocab(kind)
     return disk_sizes.HUB_TOKENIZER_BYTES
+
+
+LEARNED_VOCAB_TEXT_LIMIT = 16 << 20  # larger corpora fill vocab_size
+
+
+@functools.cache
+def _learned_vocab(kind):
+    """The vocabulary an init model's tokenizer will learn: trained here, as `fid init-*`
+    trains it, on the texts it will learn from (the demo world's passages and training
+    questions; else the passage file when it is there and small), once per corpus (kept
+    with the memory plans); vocab_size where the corpus is large or not there yet."""
+    size = CHECKED[f"init_{kind}"].vocab_size
+    if DEMO:
+        from fid.demo.world import build_world
+
+        world = build_world(
+            config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
+        )
+        texts = [t for p in world.passages for t in (p.title, p.text)]
+        texts += [t for q in world.splits["train"] for t in (q.question, *q.answers)]
+    elif Path(passages()).is_file() and Path(passages()).stat().st_size <= (
+        LEARNED_VOCAB_TEXT_LIMIT
+    ):
+        from fid.demo.corpus import corpus_texts
+
+        texts = list(corpus_texts([passages()]))
+    else:
+        return size
+    digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()
+
+    def learn():
+        from fid.demo import tiny_models
+
+        train = {"reader": tiny_models.train_tokenizer,
+                 "retriever": tiny_models.train_bert_tokenizer}[kind]  # fmt: skip
+        return {"vocab": len(train(texts, size))}
+
+    material = {"kind": "vocab", "init": kind, "vocab_size": size, "texts": digest}
+    return memory_plans._stored(material, learn)["vocab"]
 
 
 def _package_bytes(package):
@@ -292,9 +346,11 @@ def disk_rows():
                 )
             )
     questions = sum(QUESTIONS.values())
-    data = questions * 150 + (
-        corpus.text_bytes * 10 if DEMO else corpus.text_bytes if SCALE else 0
-    )
+    data = questions * 150 + (corpus.text_bytes if SCALE else 0)
+    if DEMO:  # the world and its gold copy, each with its corpus and reader files
+        data = disk_sizes.demo_data_bytes(
+            corpus, questions, CHECKED["demo_data"].n_passages
+        )
     rows.append(
         DiskRow(
             "questions and data",

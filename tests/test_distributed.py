@@ -66,13 +66,21 @@ def test_inconsistent_environments(env, message):
 
 def test_each_rank_takes_its_own_gpu_or_the_cpu():
     """Two ranks on one GPU stop NCCL at the first collective ("Duplicate GPU detected"): a
-    local rank without a GPU of its own is an error naming the fix, not a modulo."""
-    from fid.runtime.distributed import rank_device
+    local rank without a GPU of its own is an error naming the fix, not a modulo. A rank that
+    sees exactly one GPU (CUDA_VISIBLE_DEVICES set per task: srun --gpus-per-task=1) takes it,
+    whatever its local rank; ranks that turn out to share one are refused once the group is up.
+    """
+    from fid.runtime.distributed import check_distinct_gpus, rank_device
 
     assert rank_device(0, 0) == rank_device(3, 0) == torch.device("cpu")
     assert rank_device(1, 2) == torch.device("cuda", 1)
-    with pytest.raises(DistributedError, match="local rank 1 but this node shows 1 GPU"):
-        rank_device(1, 1)
+    assert rank_device(1, 1) == rank_device(7, 1) == torch.device("cuda", 0)
+    with pytest.raises(DistributedError, match="local rank 2 but this node shows 2 GPU"):
+        rank_device(2, 2)
+    # one GPU each, by task: the same index 0 everywhere, distinct GPUs
+    check_distinct_gpus([("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a"), ("n2", "GPU-b")])
+    with pytest.raises(DistributedError, match="ranks 0 and 1 share GPU GPU-a on n1"):
+        check_distinct_gpus([("n1", "GPU-a"), ("n1", "GPU-a")])
 
 
 def _free_port() -> int:

@@ -193,3 +193,23 @@ def test_accumulation_matches_a_larger_batch(tiny_model_dir, tmp_path, data):
     task.loss(reader, (0, [0, 1, 2, 3, 4, 5])).backward()
     for a, b in zip(accumulated, (p.grad for p in reader.parameters()), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_log_line_counts_its_steps_alone(tmp_path, data, tiny_model_dir, monkeypatch):
+    """Dev evaluation and checkpoint saving between steps stay out of the next line's
+    step_time_s (and its peak): each eval here sleeps 2.5 s after every 2nd step, which put
+    1.25 s a step into the following line before (issue 43, item 6)."""
+    import time
+
+    evaluate = reader_training.ReaderTask.evaluate
+
+    def slow_evaluate(self):
+        time.sleep(2.5)
+        return evaluate(self)
+
+    monkeypatch.setattr(reader_training.ReaderTask, "evaluate", slow_evaluate)
+    cfg = _config(eval_every_steps=2, save_every_steps=2, log_every_steps=2, dropout=0.0)
+    _train(cfg, data, tiny_model_dir, tmp_path)
+    lines = [json.loads(x) for x in (tmp_path / "model" / "metrics.jsonl").open()]
+    times = [r["step_time_s"] for r in lines if r["kind"] == "train"]
+    assert len(times) == 4 and max(times) < 1.0, times

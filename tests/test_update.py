@@ -81,6 +81,43 @@ def test_a_diverged_run_stops_naming_its_last_checkpoint_and_resumes(
     assert "from step 6" in caplog.text and (tmp_path / "model" / "model.safetensors").is_file()
 
 
+class _NaNGradient(torch.autograd.Function):
+    """The identity forward; backward sends NaN: a finite loss with a non-finite gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full_like(grad, float("nan"))
+
+
+@pytest.mark.parametrize("clip", [1.0, None])
+def test_a_finite_loss_with_a_non_finite_gradient_makes_no_update(
+    tmp_path, data, tiny_model_dir, monkeypatch, clip
+):
+    """Step 3's loss is finite but its gradient NaN: before the check it was applied (every
+    weight NaN, the step counted as an update); now it is skipped and counted like a NaN loss,
+    with or without clipping."""
+    original, count = reader_training.ReaderTask.loss, {"n": 0}
+
+    def loss(self, model, item):
+        count["n"] += 1
+        value = original(self, model, item)
+        return _NaNGradient.apply(value) if count["n"] == 3 else value
+
+    monkeypatch.setattr(reader_training.ReaderTask, "loss", loss)
+    train_reader(_config(clip_grad_norm=clip), *data, str(tiny_model_dir), tmp_path / "model",
+                 tmp_path / "state", torch.device("cpu"))  # fmt: skip
+    weights = load_file(tmp_path / "model" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    records = [json.loads(x) for x in (tmp_path / "model" / "metrics.jsonl").open()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["skipped_steps"] for r in train] == [0, 1, 0, 0]
+    assert all(r["loss"] == r["loss"] and r["grad_norm"] == r["grad_norm"] for r in train[2:])
+
+
 def test_an_fp16_overflow_is_a_skipped_step():
     """GradScaler skips an overflowing step and lowers its scale: no update, counted."""
     layer = torch.nn.Linear(2, 1)

@@ -29,7 +29,7 @@ import array
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,18 +135,25 @@ def _tokenize_corpus(passages_path: Path, tokenizer: Tokenizer) -> tuple[_FlatDo
     return docs, ids
 
 
-def text_statistics(passages_path: str | Path, cfg: BM25Config, max_bytes: int = 4 << 20) -> dict:
-    """How a passage file tokenizes for this BM25 config, from its first `max_bytes` (what the
-    disk plan sizes an index by, fid.memory.disk_sizes.TextStats): the index's entries (a
-    passage's distinct terms) and its tokens per byte of the file, and Heaps' law of the
-    vocabulary (terms = k x tokens^beta) fitted between the sample's first half and whole."""
-    passages_path = Path(passages_path)
+def text_statistics(passages: str | Path | Iterable[Passage], cfg: BM25Config,
+                    max_bytes: int = 4 << 20) -> dict:  # fmt: skip
+    """How passages tokenize for this BM25 config, from the first `max_bytes` of a passage file
+    (or of the passages given): what the disk plan sizes an index by
+    (fid.memory.disk_sizes.TextStats): the index's entries (a passage's distinct terms) and
+    its tokens per byte of the file, and Heaps' law of the vocabulary (terms = k x
+    tokens^beta) fitted between the sample's first half and whole."""
+    if isinstance(passages, str | Path):
+        sample = min(max_bytes, Path(passages).stat().st_size)
+        passages = iter_passages(passages)
+    else:
+        passages = list(passages)
+        sample = min(max_bytes, sum(len(p.id) + len(p.title) + len(p.text) + 3 for p in passages))
     analysis = {"token_pattern": cfg.token_pattern, "stopwords": cfg.stopwords,
                 "stemmer": cfg.stemmer}  # fmt: skip
     tokenizer = _tokenizer(analysis)
     read = entries = tokens = 0
-    halfway, sample = None, min(max_bytes, passages_path.stat().st_size)
-    for passage in iter_passages(passages_path):
+    halfway = None
+    for passage in passages:
         (ids,) = tokenizer.tokenize([f"{passage.title} {passage.text}"], update_vocab=True,
                                     return_as="ids", show_progress=False)  # fmt: skip
         read += len(passage.id) + len(passage.title) + len(passage.text) + 3  # a line's bytes
@@ -157,7 +164,7 @@ def text_statistics(passages_path: str | Path, cfg: BM25Config, max_bytes: int =
             break
     vocab = len(tokenizer.get_vocab_dict())
     if not read:
-        raise DataError(f"{passages_path}: no passages")
+        raise DataError("no passages to measure")
     beta = 1.0
     if halfway and tokens > halfway[0] and vocab > halfway[1] > 0:
         beta = math.log(vocab / halfway[1]) / math.log(tokens / halfway[0])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import socket
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -65,18 +66,51 @@ def setup(info: DistInfo, timeout_s: int = DEFAULT_TIMEOUT_S) -> torch.device:
             "rank %d of %d (%s) on %s, master %s:%d",
             info.rank, info.world_size, info.launcher, device, info.master_addr, info.master_port,
         )  # fmt: skip
+        if device.type == "cuda":
+            check_distinct_gpus(all_gather_objects((socket.gethostname(), _gpu_id(device))))
     return device
+
+
+def _gpu_id(device: torch.device) -> str:
+    """The GPU's identity across processes (its UUID; the PCI bus id on older torch)."""
+    properties = torch.cuda.get_device_properties(device)
+    return str(getattr(properties, "uuid", None) or properties.pci_bus_id)
+
+
+def check_distinct_gpus(gpus: Sequence[tuple[str, str]]) -> None:
+    """Refuses ranks that share a GPU: `gpus` holds each rank's (host, GPU id).
+
+    Raises:
+        DistributedError: naming the ranks and the fix (two ranks on one GPU stop NCCL or
+            run out of its memory).
+    """
+    first: dict[tuple[str, str], int] = {}
+    for rank, gpu in enumerate(gpus):
+        if gpu in first:
+            raise DistributedError(
+                f"ranks {first[gpu]} and {rank} share GPU {gpu[1]} on {gpu[0]}: each rank "
+                "needs a GPU of its own. Hint: start at most one rank per GPU (resources "
+                "processes / tasks_per_node), or give each task its own (srun "
+                "--gpus-per-task=1)"
+            )
+        first[gpu] = rank
 
 
 def rank_device(local_rank: int, cuda_devices: int) -> torch.device:
     """The device of the rank with this local rank: its own GPU (the node's ranks keep every
-    GPU visible and each takes the one of its local rank), else the CPU.
+    GPU visible and each takes the one of its local rank, or each sees only its own), else
+    the CPU.
 
     Raises:
         DistributedError: a local rank without a GPU of its own.
     """
     if cuda_devices == 0:
         return torch.device("cpu")
+    if cuda_devices == 1:
+        # One GPU shown to each rank (srun --gpus-per-task=1, a site's wrapper setting
+        # CUDA_VISIBLE_DEVICES per task): the rank's own. Two ranks given the same one are
+        # refused once the group is up (`check_distinct_gpus`).
+        return torch.device("cuda", 0)
     if local_rank >= cuda_devices:
         raise DistributedError(
             f"local rank {local_rank} but this node shows {cuda_devices} GPU(s): each rank "

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from fid.errors import InputError
 from fid.runtime import distributed
-
-if TYPE_CHECKING:
-    from fid.training.loop import TrainTask
+from fid.training.task import TrainTask
 
 
 def accumulate_gradients(

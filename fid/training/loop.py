@@ -1,12 +1,12 @@
 """The one training loop that every model of the project is trained with.
 
-setup (optimizer, schedule, resume) -> loop (accumulate, clip, step, log, evaluate, save)
--> final checkpoint. What is trained is a `TrainTask`: it owns the model, the batches of an
-epoch, the loss of a batch, dev evaluation and the final save format; the loop owns everything
-else. Resuming from the newest complete checkpoint restores weights, optimizer, schedule, loss
-scaler, RNG states and the data position, so an interrupted run ends bitwise equal to an
-uninterrupted one on CPU. A step that runs out of memory is redone with its micro-batches split
-(fid.training.oom).
+setup (distribution, optimizer, schedule, resume) -> steps (fid.training.step: accumulate,
+check, update), each followed by its log line, dev evaluation and checkpoint when they are due
+-> the final checkpoint. What is trained is a `TrainTask` (fid.training.task): it owns the
+model, the batches of an epoch, the loss of a batch, dev evaluation and the final save format;
+the loop owns everything else. Resuming from the newest complete checkpoint restores weights,
+optimizer, schedule, loss scaler, RNG states and the data position, so an interrupted run ends
+bitwise equal to an uninterrupted one on CPU.
 """
 
 from __future__ import annotations
@@ -14,120 +14,37 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
-from fid.config import ConfigError, TrainingConfig
-from fid.errors import InputError
+from fid.config import TrainingConfig
 from fid.runtime import distributed, slurm_job
 from fid.runtime.console import CONSOLE
-from fid.runtime.fileio import (
-    atomic_directory,
-    atomic_write_json,
-    fsync_files,
-    recover_directory,
-    temporary_directory,
-)
-from fid.runtime.logs import MetricsWriter, PeakMemory
+from fid.runtime.fileio import atomic_directory, atomic_write_json, recover_directory
+from fid.runtime.logs import MetricsWriter
 from fid.runtime.precision import autocast, deterministic_kernels
 from fid.runtime.progress import progress as progress_lines
 from fid.runtime.signals import STOP_SIGNALS, Preempted
-from fid.training import replicas, sharding
-from fid.training.accumulation import accumulate_gradients
+from fid.training import replicas
 from fid.training.checkpoint import (
-    SHARDED_DIR,
     TrainingProgress,
     load_newest_checkpoint,
-    publish_checkpoint,
-    rng_state,
-    save_checkpoint,
     warn_if_checkpoints_do_not_fit,
-    write_training_state,
 )
+from fid.training.interval_log import IntervalLog
 from fid.training.manifest import seal_checkpoint, seal_shared_checkpoint
-from fid.training.oom import StepRecovery
 from fid.training.optim import build_optimizer, build_scheduler
-from fid.training.resume import (
-    check_resume_config,
-    check_resume_inputs,
-    saved_config,
-)
+from fid.training.resume import check_resume_config, check_resume_inputs, saved_config
+from fid.training.saving import CheckpointWriter
+from fid.training.step import OptimizerStep, StepLayout
 from fid.training.stop_budget import StopBudget
-from fid.training.update import apply_update, finite_everywhere, stop_if_diverged
+from fid.training.task import BatchStream, TrainTask
 
 logger = logging.getLogger(__name__)
-
-
-class TrainTask(Protocol):
-    """What the loop needs from a model being trained."""
-
-    model: nn.Module
-    dev_metric: str  # key of `evaluate()`'s result; higher is better
-
-    def epoch_batches(self, epoch: int) -> list[Any]:
-        """The micro-batches of an epoch, reproducible from the epoch number."""
-
-    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """The mean loss of one micro-batch, computed by calling `model` (task.model, or its
-        FSDP-sharded self)."""
-
-    def loss_items(self, batch: Any) -> int:
-        """How many items `loss(batch)` is the mean of (the reader's target tokens, the
-        retriever's questions): the micro-batch's weight in its optimizer step."""
-
-    def item_tokens(self, batch: Any) -> int:
-        """The tokens of a micro-batch that its memory grows with: what the token limit of a
-        run that ran out of memory is compared with (fid.training.oom)."""
-
-    def split(self, batch: Any) -> list[Any]:
-        """The micro-batch as two of about equal tokens whose `loss_items`-weighted losses
-        give the gradient of the whole; `[batch]` when it cannot be split (one question)."""
-
-    def question_ids(self, batch: Any) -> list[str]:
-        """The ids of the micro-batch's questions (for messages)."""
-
-    def evaluate(self) -> dict[str, float]:
-        """Dev metrics over the whole dev set (called on every rank, in eval mode, without
-        gradients, under autocast); each rank may take its share and gather the results."""
-
-    def save_model(self, path: Path, every_rank: bool = False) -> None:
-        """Writes the model in its final, loadable format into the folder `path`: called on
-        rank 0 only, or, when the model itself is sharded, on every rank with the same `path`
-        (each writes its shards; the folder is the same)."""
-
-
-class _BatchStream:
-    """The micro-batches of successive epochs as one stream; each micro-step every rank takes
-    the next `world_size` batches (its own is the rank-th), crossing epoch ends, so no batch is
-    lost or seen twice whatever the world size."""
-
-    def __init__(self, task: TrainTask, progress: TrainingProgress):
-        self.task = task
-        self.progress = progress
-        self.batches = task.epoch_batches(progress.epoch)
-
-    def take_step(self, accumulation: int, rank: int, world_size: int) -> list[Any]:
-        """This rank's micro-batches of one optimizer step."""
-        return [self.take(world_size)[rank] for _ in range(accumulation)]
-
-    def take(self, count: int) -> list[Any]:
-        group = []
-        while len(group) < count:
-            if self.progress.batch_in_epoch >= len(self.batches):
-                self.progress.epoch += 1
-                self.progress.batch_in_epoch = 0
-                self.batches = self.task.epoch_batches(self.progress.epoch)
-                if not self.batches:
-                    raise InputError("an epoch without batches: the training set is empty")
-            group.append(self.batches[self.progress.batch_in_epoch])
-            self.progress.batch_in_epoch += 1
-        return group
 
 
 def run_training(
@@ -159,213 +76,160 @@ def run_training(
     Raises:
         Preempted: after SIGUSR1/SIGTERM, once a checkpoint of the current step is written.
     """
-    state_dir = Path(state_dir)
-    rank, world_size = distributed.world()
-    model = task.model
-    amp = autocast(device, precision)  # validates precision before any work
-    if cfg.deterministic:
-        deterministic_kernels()
-    sharded = cfg.sharding == "fsdp" and world_size > 1
-    if cfg.sharding == "fsdp" and not hasattr(task, "fsdp_units"):
-        raise ConfigError("sharding = 'fsdp' is supported for the reader only: use 'ddp'")
-    if sharded:
-        units = task.fsdp_units()
-        replicated = sharding.shard(model, units)  # before the optimizer sees the parameters
-        logger.info("FSDP: %d sharded units, %d replicated tensors", len(units), len(replicated))
+    run = _Run(task, cfg, Path(state_dir), device, precision, config_record)
+    progress = run.progress
+    # The data, the model and the optimizer are loaded: they live as long as the run. Frozen,
+    # they are left out of the collector's full passes, which otherwise walk their millions of
+    # objects again and again (measured: 28% of a demo retriever step).
+    gc.collect()
+    gc.freeze()
+    task.model.train()
+    try:
+        with STOP_SIGNALS as signals:
+            while progress.step < cfg.max_steps:
+                final = run.train_step()
+                run.evaluate_if_due(final)
+                saved = run.save_if_due(final)
+                if distributed.any_rank(signals.received is not None, device) and not final:
+                    if not saved:
+                        run.writer.save()
+                    logger.warning("stopping at step %d on a signal; the checkpoint is saved",
+                                   progress.step)  # fmt: skip
+                    raise Preempted(f"stopped by a signal at step {progress.step}")
+    finally:
+        gc.unfreeze()  # an in-process caller's later garbage is its own again
+        run.close()
+    return progress
+
+
+class _Run:
+    """A run's parts once set up: the distribution, the optimizer and schedule, the progress
+    (resumed or new), the step (fid.training.step), the log lines, the checkpoint writer, the
+    batch stream, the stop budget and the progress bar; and what follows a step when due."""
+
+    def __init__(self, task: TrainTask, cfg: TrainingConfig, state_dir: Path,
+                 device: torch.device, precision: str, config_record: dict):  # fmt: skip
+        self.task, self.cfg, self.state_dir, self.device = task, cfg, state_dir, device
+        self.rank, self.world_size = distributed.world()
+        self.amp = autocast(device, precision)  # validates precision before any work
+        if cfg.deterministic:
+            deterministic_kernels()
+        self.layout = StepLayout.of(task, cfg, self.world_size)  # before the optimizer
+        optimizer, self.scheduler, scaler = _optimization(task.model, cfg, precision, state_dir)
+        self.progress = _start(task, cfg, state_dir, (optimizer, self.scheduler, scaler),
+                               config_record, self.layout)  # fmt: skip
+        self.step = OptimizerStep(task, cfg, self.layout, device, self.amp, optimizer,
+                                  self.scheduler, scaler, self.progress, state_dir)  # fmt: skip
+        self.metrics = None
+        if self.rank == 0:
+            tensorboard = state_dir / "tensorboard" if cfg.tensorboard else None
+            self.metrics = MetricsWriter(state_dir / "metrics.jsonl", tensorboard,
+                                         self.progress.step)  # fmt: skip
+        self.log = IntervalLog(self.metrics, device, cfg.max_steps)
+        self.writer = CheckpointWriter(state_dir, task.model, optimizer, self.scheduler, scaler,
+                                       self.progress, config_record, cfg.keep_last_checkpoints,
+                                       self.layout.sharded)  # fmt: skip
+        self.stream = BatchStream(task, self.progress)
+        # what a stop at SLURM's early signal costs, against its lead (fid.runtime.slurm_job)
+        self.budget = StopBudget(slurm_job.signal_lead_s() if self.rank == 0 else None)
+        # rank 0's steps: a bar on a terminal, else a line (steps, rate, ETA, loss) at most
+        # every FID_PROGRESS_INTERVAL_S seconds, also on a workflow job's console
+        self.bar = progress_lines(total=cfg.max_steps, initial=self.progress.step, desc="train",
+                                  unit="steps", log=logger)  # fmt: skip
+        self.last_save = time.monotonic()
+
+    def train_step(self) -> bool:
+        """One optimizer step and its log line when due; whether it was the last."""
+        started = time.perf_counter()
+        self.log.step_starts()
+        batches = self.stream.take_step(self.cfg.gradient_accumulation_steps, self.rank,
+                                        self.world_size)  # fmt: skip
+        result = self.step.run(batches)
+        self.progress.step += 1
+        self.bar.update(1)
+        self.budget.step(time.perf_counter() - started)
+        self.log.add(result, time.perf_counter() - started)
+        final = self.progress.step == self.cfg.max_steps
+        if _every(self.cfg.log_every_steps, self.progress.step) or final:
+            values = self.log.write(self.progress.step, self.scheduler.get_last_lr()[0],
+                                    self.progress.epoch)  # fmt: skip
+            # shown with the next progress line (refreshing now would print one)
+            self.bar.set_postfix(loss=f"{values['loss']:.3f}", refresh=False)
+        return final
+
+    def evaluate_if_due(self, final: bool) -> None:
+        if final or _every(self.cfg.eval_every_steps, self.progress.step):
+            started = time.perf_counter()
+            _evaluate(self.task, self.progress, self.metrics, self.amp, self.state_dir,
+                      self.layout.sharded)  # fmt: skip
+            self.budget.evaluation(time.perf_counter() - started)
+
+    def save_if_due(self, final: bool) -> bool:
+        """Saves at the end, every save_every_steps and every save_every_minutes (rank 0's
+        clock decides: every rank saves at the same step, a save holds collectives)."""
+        cfg = self.cfg
+        timed = bool(cfg.save_every_minutes) and distributed.main_rank_flag(
+            time.monotonic() - self.last_save >= 60 * cfg.save_every_minutes, self.device
+        )
+        if not (final or timed or _every(cfg.save_every_steps, self.progress.step)):
+            return False
+        started = time.perf_counter()
+        self.writer.save()
+        self.budget.save(time.perf_counter() - started)
+        self.last_save = time.monotonic()
+        return True
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+def _every(cadence: int | None, step: int) -> bool:
+    """Whether `step` is on a cadence of steps (0 or None: never)."""
+    return bool(cadence) and step % cadence == 0
+
+
+def _optimization(model: nn.Module, cfg: TrainingConfig, precision: str, state_dir: Path):
+    """(optimizer, schedule, fp16's loss scaler or None); rank 0 warns when the checkpoints
+    they make will not fit on the state folder's file system."""
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.decay_biases_and_norms)
     scheduler = build_scheduler(
         optimizer, cfg.scheduler, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio
     )
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    if rank == 0:
+    if distributed.is_main():
         warn_if_checkpoints_do_not_fit(state_dir, model, optimizer, cfg.keep_last_checkpoints)
+    return optimizer, scheduler, scaler
 
+
+def _start(task: TrainTask, cfg: TrainingConfig, state_dir: Path, optimization: tuple,
+           config_record: dict, layout: StepLayout) -> TrainingProgress:  # fmt: skip
+    """The run's progress: from the newest checkpoint that verifies (its config checked before
+    any tensor is loaded, so a refusal comes at once), else a fresh start."""
+    rank = distributed.world()[0]
     if rank == 0:
         recover_directory(state_dir / "best_dev")
     distributed.barrier()
     progress = TrainingProgress()
-    # The newest checkpoint that verifies; its config is checked before any tensor is loaded,
-    # so a refusal comes at once.
     resumed = load_newest_checkpoint(
-        state_dir,
-        model,
-        optimizer,
-        scheduler,
-        scaler,
+        state_dir, task.model, *optimization,
         lambda path: _check_resume(path, cfg, config_record, rank),
-    )
+    )  # fmt: skip
     if resumed is not None:
         path, progress = resumed
         logger.info("resumed from %s (step %d of %d)", path, progress.step, cfg.max_steps)
     else:
         torch.manual_seed(cfg.seed + rank)  # dropout; the data order has its own seeded RNGs
         logger.info("starting a new run in %s", state_dir)
-
-    if world_size > 1 and not sharded:
+    if layout.world_size > 1 and not layout.sharded:
         # Whole replicas, their gradients averaged after each step by hand rather than by DDP
         # inside the last backward: a step out of memory on one rank is then redone by all
         # (fid.training.replicas, fid.training.oom).
-        replicas.broadcast_weights(model)
-
-    metrics = None
-    if rank == 0:
-        metrics = MetricsWriter(
-            state_dir / "metrics.jsonl",
-            state_dir / "tensorboard" if cfg.tensorboard else None,
-            resume_step=progress.step,
-        )
-    memory = PeakMemory(device)
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    stream = _BatchStream(task, progress)
-    recovery = StepRecovery(task, progress, device, recoverable=not sharded)
+        replicas.broadcast_weights(task.model)
     if progress.micro_batch_token_limit is not None:
         logger.info("micro-batches above %d tokens are split (the limit set after a step ran "
                     "out of memory)", progress.micro_batch_token_limit)  # fmt: skip
-    interval_loss = torch.zeros((), device=device)
-    interval_start, interval_steps = time.perf_counter(), 0
-    interval_finite = interval_skipped = skipped_in_a_row = 0
-    last_save = time.monotonic()
-    # what a stop at SLURM's early signal costs, against its lead (fid.runtime.slurm_job)
-    budget = StopBudget(slurm_job.signal_lead_s() if rank == 0 else None)
-    # rank 0's steps: a bar on a terminal, else a line (steps, rate, ETA, loss) at most every
-    # FID_PROGRESS_INTERVAL_S seconds, also on a workflow job's console
-    bar = progress_lines(
-        total=cfg.max_steps, initial=progress.step, desc="train", unit="steps", log=logger
-    )
-
-    def save():
-        rng_states = distributed.all_gather_objects(rng_state())
-        if not sharded:
-            if rank == 0:
-                save_checkpoint(
-                    state_dir, model, optimizer, scheduler, scaler, progress, config_record,
-                    cfg.keep_last_checkpoints, rng_states,
-                )  # fmt: skip
-            distributed.barrier()
-            return
-        # Every rank writes its shards into one temporary folder (rank 0 picks its unique
-        # name); when all are done, rank 0 adds training_state.pt, the ranks checksum a share
-        # of the files each, and rank 0 writes the manifest last and renames the folder, so
-        # `step-N` appears complete or not at all.
-        target = state_dir / f"step-{progress.step}"
-        tmp = temporary_directory(target) if rank == 0 else None
-        tmp = distributed.all_gather_objects(tmp)[0]
-        sharding.save_sharded(tmp / SHARDED_DIR, model, optimizer)
-        distributed.barrier()
-        if rank == 0:
-            write_training_state(tmp, None, scheduler, scaler, progress, config_record, rng_states)
-        distributed.barrier()
-        seal_shared_checkpoint(tmp)
-        if rank == 0:
-            fsync_files(tmp)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(tmp, target)
-            publish_checkpoint(state_dir, target, cfg.keep_last_checkpoints)
-        distributed.barrier()
-
-    # The data, the model and the optimizer are loaded: they live as long as the run. Frozen,
-    # they are left out of the collector's full passes, which otherwise walk their millions of
-    # objects again and again (measured: 28% of a demo retriever step).
-    gc.collect()
-    gc.freeze()
-    model.train()
-
-    def gradient_sync(last: bool):
-        # FSDP reduce-scatters on the last micro-step; replicas average after the step.
-        if sharded:
-            sharding.set_gradient_sync(units, last)
-        return contextlib.nullcontext()
-
-    def accumulate(step_task: TrainTask, pieces: list[Any]) -> torch.Tensor:
-        return accumulate_gradients(
-            step_task, model, pieces, world_size, device, amp, scaler, gradient_sync
-        )
-
-    try:
-        with STOP_SIGNALS as signals:
-            while progress.step < cfg.max_steps:
-                step_start = time.perf_counter()
-                batches = stream.take_step(cfg.gradient_accumulation_steps, rank, world_size)
-                step_loss = recovery.run(progress.step + 1, batches, accumulate, parameters)
-                if sharded:
-                    sharding.average_replicated_gradients(replicated)
-                else:
-                    replicas.average_gradients(parameters)
-                finite = finite_everywhere(step_loss, device)
-                grad_norm, updated = apply_update(
-                    optimizer, scheduler, scaler, parameters, cfg.clip_grad_norm, sharded, finite
-                )
-                if finite:
-                    interval_loss += step_loss
-                    interval_finite += 1
-                skipped_in_a_row = 0 if updated else skipped_in_a_row + 1
-                interval_skipped += not updated
-                stop_if_diverged(skipped_in_a_row, cfg.max_skipped_steps_in_a_row,
-                                 progress.step + 1, state_dir)  # fmt: skip
-                progress.step += 1
-                interval_steps += 1
-                bar.update(1)
-                budget.step(time.perf_counter() - step_start)
-
-                final = progress.step == cfg.max_steps
-                if progress.step % cfg.log_every_steps == 0 or final:
-                    # every item of the interval's steps alike, on all ranks
-                    (loss_sum,) = distributed.sum_over_ranks([float(interval_loss)], device)
-                    values = {
-                        # the interval's steps with a finite loss
-                        "loss": loss_sum / world_size / max(interval_finite, 1),
-                        "skipped_steps": interval_skipped,
-                        "lr": scheduler.get_last_lr()[0],
-                        "step_time_s": (time.perf_counter() - interval_start) / interval_steps,
-                        "peak_memory_mb": memory.peak_mb(),
-                        "epoch": progress.epoch,
-                    }
-                    if grad_norm is not None:
-                        values["grad_norm"] = float(grad_norm)
-                    _log_train(metrics, progress.step, cfg.max_steps, values)
-                    # shown with the next progress line (refreshing now would print one)
-                    bar.set_postfix(loss=f"{values['loss']:.3f}", refresh=False)
-                    interval_loss.zero_()
-                    interval_start, interval_steps = time.perf_counter(), 0
-                    interval_finite = interval_skipped = 0
-                    memory.reset()
-
-                if final or (cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0):
-                    eval_start = time.perf_counter()
-                    _evaluate(task, progress, metrics, amp, state_dir, sharded)
-                    budget.evaluation(time.perf_counter() - eval_start)
-                saved = False
-                timed = False
-                if cfg.save_every_minutes:
-                    # Rank 0's clock decides: every rank saves at the same step (a save holds
-                    # collectives), whatever its own clock says.
-                    elapsed = time.monotonic() - last_save
-                    timed = distributed.main_rank_flag(
-                        elapsed >= 60 * cfg.save_every_minutes, device
-                    )
-                if (
-                    final
-                    or timed
-                    or (cfg.save_every_steps and progress.step % cfg.save_every_steps == 0)
-                ):
-                    save_start = time.perf_counter()
-                    save()
-                    budget.save(time.perf_counter() - save_start)
-                    saved = True
-                    last_save = time.monotonic()
-                stop = distributed.any_rank(signals.received is not None, device)
-                if stop and not final:
-                    if not saved:
-                        save()
-                    logger.warning(
-                        "stopping at step %d on a signal; the checkpoint is saved", progress.step
-                    )
-                    raise Preempted(f"stopped by a signal at step {progress.step}")
-    finally:
-        gc.unfreeze()  # an in-process caller's later garbage is its own again
-        bar.close()
-        if metrics is not None:
-            metrics.close()
     return progress
 
 
@@ -379,16 +243,6 @@ def _check_resume(checkpoint: Path, cfg: TrainingConfig, record: dict, rank: int
     changes = check_resume_config(saved, cfg, checkpoint)
     if changes and rank == 0:
         logger.warning("resuming %s under a changed config: %s", checkpoint, "; ".join(changes))
-
-
-def _log_train(metrics: MetricsWriter | None, step: int, max_steps: int, values: dict) -> None:
-    if metrics is not None:
-        metrics.write("train", step, values)
-    logger.info(
-        "step %d/%d loss %.4f lr %.2e %.3f s/step peak %.0f MB",
-        step, max_steps, values["loss"], values["lr"], values["step_time_s"],
-        values["peak_memory_mb"],
-    )  # fmt: skip
 
 
 def _evaluate(

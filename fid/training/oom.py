@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,9 +48,7 @@ from fid.errors import InputError
 from fid.runtime import distributed
 from fid.runtime.oom import INJECT_OOM, Injection, free_memory
 from fid.training.checkpoint import TrainingProgress, rng_state, set_rng_state
-
-if TYPE_CHECKING:
-    from fid.training.loop import TrainTask
+from fid.training.task import TrainTask
 
 logger = logging.getLogger(__name__)
 

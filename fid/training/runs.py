@@ -21,11 +21,12 @@ from fid.errors import CheckpointError
 from fid.runtime import distributed
 from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import atomic_directory
-from fid.training.loop import TrainTask, run_training
+from fid.training.loop import run_training
 from fid.training.manifest import MANIFEST, read_manifest, verify_checkpoint
 from fid.training.resume import input_fingerprints
 from fid.training.state_lock import hold_state
 from fid.training.states import mark_finished, start_run
+from fid.training.task import TrainTask
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """One optimizer update from the accumulated gradients, and the steps that make none.
 
-A step makes no update when its loss is not finite on some rank (bf16, fp32: the update is
-skipped, so that one bad batch cannot write NaN into every weight) or when fp16's loss scaler
-finds an overflow (GradScaler skips it and lowers the scale). A skipped step still counts: its
+A step makes no update when its loss is not finite on some rank or its gradient norm is not
+finite (bf16, fp32: the update is skipped, so that one bad batch cannot write NaN into every
+weight) or when fp16's loss scaler finds an overflow (GradScaler skips it and lowers the scale). A skipped step still counts: its
 data is consumed, the step counter and the learning-rate schedule advance (README, "Training").
 The loop counts them (metrics.jsonl's `skipped_steps`) and stops the run with one error after
 `max_skipped_steps_in_a_row` in a row: a run that diverged, whose last good checkpoint is kept.
@@ -10,6 +10,7 @@ The loop counts them (metrics.jsonl's `skipped_steps`) and stops the run with on
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Sequence
@@ -41,25 +42,32 @@ def apply_update(
     Args:
         parameters: the trained parameters (sharded ones are DTensors under FSDP).
         finite: whether the step's loss was finite on every rank; without a loss scaler a
-            non-finite step is skipped (its gradients dropped).
+            step whose loss or gradient norm is not finite is skipped (its gradients dropped).
 
     Returns:
-        (the gradient norm before clipping or None, whether the weights were updated).
+        (the gradient norm before clipping, None with a loss scaler and no clipping; whether
+        the weights were updated).
     """
     grad_norm, updated = None, finite
     if scaler is not None:
         scaler.unscale_(optimizer)
-    if clip_grad_norm is not None and sharded:
-        grad_norm = sharding.clip_grad_norm(parameters, clip_grad_norm)
-    elif clip_grad_norm is not None:
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, clip_grad_norm)
+    # Without a loss scaler the norm is taken even with no clipping (an infinite limit scales
+    # nothing): a finite loss with a non-finite gradient makes no update either. It is the
+    # same on every rank (replicas' gradients are averaged, FSDP's norm is a collective one).
+    limit = clip_grad_norm if clip_grad_norm is not None else None if scaler else math.inf
+    if limit is not None and sharded:
+        grad_norm = sharding.clip_grad_norm(parameters, limit)
+    elif limit is not None:
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, limit)
     if scaler is not None:  # it skips an overflowing step itself, and lowers its scale
         scale = scaler.get_scale()
         scaler.step(optimizer)
         scaler.update()
         updated = scaler.get_scale() >= scale
-    elif finite:
-        optimizer.step()
+    else:
+        updated = finite and bool(torch.isfinite(grad_norm))
+        if updated:
+            optimizer.step()
     with warnings.catch_warnings():
         # a skipped first step advances the schedule on purpose (a step that counts), which
         # torch takes for a call in the wrong order and warns about: that warning alone is off

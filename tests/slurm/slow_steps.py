@@ -11,17 +11,17 @@ import os
 import sys
 import time
 
-import fid.training.loop as loop
+import fid.training.step as step
 from fid.cli import command
 
 if __name__ == "__main__":
     seconds = float(sys.argv.pop(1))
     if int(os.environ.get("SLURM_RESTART_COUNT") or 0) == 0:
-        real = loop.accumulate_gradients
+        real = step.accumulate_gradients
 
         def slow(*args, **kwargs):
             time.sleep(seconds)
             return real(*args, **kwargs)
 
-        loop.accumulate_gradients = slow
+        step.accumulate_gradients = slow
     command()
