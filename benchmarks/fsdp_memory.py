@@ -14,6 +14,9 @@ evaluation), a checkpoint written and read back, and the model exported. Counted
 - units gathered at once: the most T5 blocks holding full (unsharded) weights at any moment of
   the training forward and of the generation, seen from forward hooks;
 - expected: the sharded blocks' total / world + the replicated tensors (embedding, final norms);
+- held gradients between two micro-batches of one step, under each `fsdp_gradient_sync`:
+  every_micro_batch holds the expected shard, last_micro_batch every unit's whole gradients
+  (sharding.held_gradient_bytes);
 - peak RSS above the process's RSS before the model was built, for each phase (VmHWM reset
   through /proc/self/clear_refs at its start) and over the whole run.
 
@@ -48,6 +51,7 @@ from fid.training.checkpoint import (  # noqa: E402
 from fid.training.optim import build_optimizer  # noqa: E402
 from fid.training.reader import build_start_reader  # noqa: E402
 from fid.training.sharded_weights import export_weights_from_shards  # noqa: E402
+from fid.training.step import reduce_scatter_now  # noqa: E402
 
 MB = 2**20
 
@@ -146,6 +150,20 @@ def _rank(rank: int, world: int, port: int, dims: dict, folder: str, scratch: st
     params = _bytes(reader.parameters())
     grads = _bytes(p.grad for p in reader.parameters() if p.grad is not None)
     states = _optimizer_bytes(optimizer)
+    # Gradient accumulation: what a rank holds between two micro-batches of one step, under
+    # each fsdp_gradient_sync (the step's own choice, fid.training.step.reduce_scatter_now)
+    held = {}
+    for policy in ("every_micro_batch", "last_micro_batch"):
+        optimizer.zero_grad(set_to_none=True)
+        policy_cfg = ReaderTrainConfig(sharding="fsdp", fsdp_gradient_sync=policy)
+        if world > 1:
+            sharding.set_gradient_sync(units, reduce_scatter_now(policy_cfg, last=False))
+        reader(ids, mask, labels=labels).loss.backward()  # a first micro-batch of two
+        held[policy] = sharding.held_gradient_bytes(reader, units) / MB
+        if world > 1:
+            sharding.set_gradient_sync(units, True)
+            reader(ids, mask, labels=labels).loss.backward()  # the last: reduce-scattered
+        optimizer.zero_grad(set_to_none=True)
     gathered.most = 0
     with peaks.phase("evaluation"):
         reader.eval()
@@ -177,6 +195,9 @@ def _rank(rank: int, world: int, port: int, dims: dict, folder: str, scratch: st
         world=world, rank=rank, params_mb=params / MB, grads_mb=grads / MB,
         optimizer_mb=states / MB, expected_params_mb=expected / MB, whole_model_mb=whole / MB,
         replicated_mb=replicated_bytes / MB, units=len(units), gathered_in_training=train_gathered,
+        held_grads_mb_every_micro_batch=held["every_micro_batch"],
+        held_grads_mb_last_micro_batch=held["last_micro_batch"],
+        unsharded_units_mb=sharded_total / MB,
         gathered_in_eval=eval_gathered, peak_rss_mb=peaks.mb,
         peak_rss_above_baseline_mb=max(peaks.mb.values()),
     )  # fmt: skip
@@ -231,6 +252,13 @@ def main() -> None:
               f"{r['gathered_in_training']}/{r['gathered_in_eval']} of {r['units']} | "
               + " / ".join(f"{r['peak_rss_mb'][p]:.0f}" for p in PHASES)
               + f" | {r['peak_rss_above_baseline_mb']:.0f}")  # fmt: skip
+    print("world rank | gradients held between micro-batches, MB: every_micro_batch / "
+          "last_micro_batch (the units whole: MB)")  # fmt: skip
+    for r in rows:
+        print(
+            f"{r['world']:5d} {r['rank']:4d} | {r['held_grads_mb_every_micro_batch']:8.1f} / "
+            f"{r['held_grads_mb_last_micro_batch']:8.1f} ({r['unsharded_units_mb']:.1f})"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -292,3 +292,26 @@ def test_the_plan_runs_the_step_as_the_config_says(tiny_model_dir):
     # one bucket: a checkpointed block recomputes every passage at once, more than in 3
     three = replace(inputs, run=replace(inputs.run, encoder_buckets=3))
     assert plan_step(inputs).peak > plan_step(three).peak
+
+
+def test_fsdp_accumulation_plans_the_gradients_the_run_holds():
+    """Under FSDP with accumulation, fsdp_gradient_sync decides what a rank holds between
+    micro-batches (tests/test_sharding.py measures it): its gradient shard (every_micro_batch,
+    the default) or every unit's whole gradients (last_micro_batch); the plan counts the same
+    (issue 43, item 1: it counted the shard for both)."""
+    from fid.config import ReaderTrainConfig
+    from fid.memory.command_plans import command_plan_inputs
+
+    def plan(policy):
+        cfg = ReaderTrainConfig(sharding="fsdp", gradient_accumulation_steps=2,
+                                fsdp_gradient_sync=policy, n_passages=2, passage_max_tokens=16,
+                                precision="fp32")  # fmt: skip
+        inputs = command_plan_inputs("train-reader", cfg, T5Config(**T5_SHAPE), 4, "cpu")
+        return plan_step(inputs)
+
+    every, last = plan("every_micro_batch"), plan("last_micro_batch")
+    assert every.inputs.run.gradients_held and last.inputs.run.unsharded_gradients_held
+    assert not every.inputs.run.unsharded_gradients_held
+    # held whole: about 4x the shard's bytes for the blocks (4 ranks)
+    assert last.components["gradients"] > 2 * every.components["gradients"]
+    assert last.components["weights"] == every.components["weights"]

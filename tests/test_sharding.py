@@ -78,6 +78,14 @@ def test_memory_per_rank_falls_with_the_world_size(tmp_path):
         if r["world"] > 1:
             assert r["params_mb"] < whole / r["world"] + r["replicated_mb"] * 1.1, r
             assert r["gathered_in_training"] <= 2 and r["gathered_in_eval"] <= 2, r
+        # between two micro-batches of a step (issue 43, item 1): by default a rank holds its
+        # gradient shard, as the memory plan counts; with fsdp_gradient_sync:
+        # last_micro_batch every unit's whole gradients (the plan counts those then)
+        held = r["held_grads_mb_every_micro_batch"]
+        assert abs(held - expected) <= 0.1 * expected, r
+        whole_units = r["unsharded_units_mb"] + r["replicated_mb"]
+        if r["world"] > 1:
+            assert abs(r["held_grads_mb_last_micro_batch"] - whole_units) <= 0.1 * whole_units, r
 
 
 def test_adamw_steps_fused_over_sharded_and_replicated_parameters(one_rank_group, tiny_t5):

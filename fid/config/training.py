@@ -45,6 +45,12 @@ class TrainingConfig:
         tensorboard: write TensorBoard scalars beside metrics.jsonl.
         sharding: "ddp" replicates the model on every rank; "fsdp" shards parameters,
             gradients and optimizer state across ranks (readers too large for one GPU).
+        fsdp_gradient_sync: with "fsdp" and gradient accumulation, when gradients are
+            reduce-scattered: "every_micro_batch" (the default) after each micro-batch's
+            backward, so that a rank holds only its gradient shard between micro-batches (what
+            the memory plan counts); "last_micro_batch" once a step, after the last one, so
+            that every rank holds the UNSHARDED gradients of its units between micro-batches
+            (fewer collectives, the memory of a whole model's gradients: the plan counts them).
         max_skipped_steps_in_a_row: optimizer steps in a row that make no update (a loss that is
             not finite, skipped in bf16 and fp32; an fp16 overflow, skipped by the loss scaler)
             before the run stops with an error naming its last good checkpoint (a skipped step
@@ -76,6 +82,7 @@ class TrainingConfig:
     log_every_steps: int = 50
     tensorboard: bool = True
     sharding: Literal["ddp", "fsdp"] = "ddp"
+    fsdp_gradient_sync: Literal["every_micro_batch", "last_micro_batch"] = "every_micro_batch"
     max_skipped_steps_in_a_row: int = 25
     deterministic: bool = False
 

@@ -37,6 +37,8 @@ def command_plan_inputs(
         autocast_dtype=_AUTOCAST[precision],
         foreach=device == "cuda",  # AdamW's default there, with its multi-tensor temporaries
         gradients_held=cfg.gradient_accumulation_steps > 1,
+        unsharded_gradients_held=cfg.gradient_accumulation_steps > 1
+        and cfg.fsdp_gradient_sync == "last_micro_batch",
         device=device,  # which SDPA kernel, and so which tensors it keeps
     )
     if command == "train-reader":

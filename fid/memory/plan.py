@@ -166,7 +166,10 @@ def _plan_from_trace(inputs: PlanInputs, trace: StepTrace, model: _ModelBytes) -
     if inputs.sharding == "fsdp" and k > 1:
         # each rank keeps 1/k of the blocks' weights, gradients and AdamW moments; the
         # embeddings and norms stay whole; a block is gathered whole while it runs
-        for name in ("weights", "gradients", "optimizer states"):
+        sharded_parts = ["weights", "optimizer states"]
+        if not inputs.run.unsharded_gradients_held:  # else every unit's whole gradients
+            sharded_parts.append("gradients")
+        for name in sharded_parts:
             fraction = parts[name] / model.total if model.total else 0.0
             sharded = fraction * model.in_blocks
             parts[name] = int(parts[name] - sharded + sharded / k)

@@ -82,6 +82,8 @@ class StepRun:
     device: str = "cpu"  # where the step runs: "cuda" traces SDPA as CUDA's kernel runs it
     foreach: bool = False  # AdamW's multi-tensor update (CUDA's default), with its temporaries
     gradients_held: bool = False  # accumulation: the gradients live through the forward
+    # FSDP with fsdp_gradient_sync: last_micro_batch: those held gradients are unsharded
+    unsharded_gradients_held: bool = False
     encoder_buckets: int = 8  # FiDReader encodes the passages in this many groups
     light_tokens: int | None = None  # FiD-Light: the decoder reads k tokens a passage
     cross_attention_every: int | None = None  # FiDO: cross-attention in every K-th layer

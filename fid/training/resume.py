@@ -48,7 +48,7 @@ WARNED = frozenset({
     "eval_k",  # which ranks dev reports; the one best_dev is chosen on is `select_on`
     # the same computation, faster or in less memory (equal up to rounding)
     "activation_checkpointing", "attention", "encoder_buckets", "pack_passages",
-    "pad_to_max_length", "batch_size", "eval_batch_size",
+    "pad_to_max_length", "batch_size", "eval_batch_size", "fsdp_gradient_sync",
     "deterministic",  # the same sums in a fixed order
     "max_skipped_steps_in_a_row",  # when a diverged run stops
 })  # fmt: skip

@@ -54,6 +54,29 @@ def set_gradient_sync(units: Iterable[nn.Module], enabled: bool) -> None:
             unit.set_requires_gradient_sync(enabled)
 
 
+def held_gradient_bytes(model: nn.Module, units: Iterable[nn.Module]) -> int:
+    """Bytes of gradients this rank holds now: its gradient shards and the replicated tensors'
+    gradients, plus the UNSHARDED gradients FSDP keeps for a unit between micro-batches while
+    the unit's gradient sync is off (FSDP2's per-parameter unsharded gradient, read where this
+    torch has it: a measurement aid for tests and benchmarks)."""
+
+    def size(tensor) -> int:
+        if tensor is None:
+            return 0
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return local.numel() * local.element_size()
+
+    held = sum(size(p.grad) for p in model.parameters())
+    for unit in units:
+        state = unit._get_fsdp_state() if isinstance(unit, FSDPModule) else None
+        group = getattr(state, "_fsdp_param_group", None)
+        for param in getattr(group, "fsdp_params", []):
+            unsharded = getattr(param, "_unsharded_param", None)
+            held += size(getattr(unsharded, "grad", None))
+            held += size(getattr(param, "unsharded_accumulated_grad", None))
+    return held
+
+
 def average_replicated_gradients(parameters: Sequence[nn.Parameter]) -> None:
     """All-reduce (mean) the gradients of the parameters outside the sharded units."""
     world = dist.get_world_size()

@@ -10,8 +10,9 @@ checkpoint as the last good one. Such a step is skipped and counted like a non-f
 (fid.training.update), its data consumed and its schedule step taken.
 
 Distribution (`StepLayout`): whole replicas average their gradients after the last micro-batch
-(fid.training.replicas); FSDP units reduce-scatter theirs on the last micro-batch and the
-tensors outside the units are averaged by hand (fid.training.sharding).
+(fid.training.replicas); FSDP units reduce-scatter theirs after every micro-batch (or the last
+only: `fsdp_gradient_sync`) and the tensors outside the units are averaged by hand after the
+last (fid.training.sharding).
 """
 
 from __future__ import annotations
@@ -123,7 +124,15 @@ class OptimizerStep:
                                     self.device, self.amp, self.scaler, self._gradient_sync)  # fmt: skip
 
     def _gradient_sync(self, last: bool):
-        # FSDP reduce-scatters on the last micro-step; replicas average after the step.
+        # FSDP reduce-scatters after every micro-batch's backward (each rank then holds only
+        # its gradient shard between micro-batches), or after the last one only
+        # (`fsdp_gradient_sync: last_micro_batch`: unsharded gradients held meanwhile);
+        # replicas average after the step.
         if self.layout.sharded:
-            sharding.set_gradient_sync(self.layout.units, last)
+            sharding.set_gradient_sync(self.layout.units, reduce_scatter_now(self.cfg, last))
         return contextlib.nullcontext()
+
+
+def reduce_scatter_now(cfg: TrainingConfig, last: bool) -> bool:
+    """Whether FSDP reduce-scatters after this micro-batch's backward (`fsdp_gradient_sync`)."""
+    return last or cfg.fsdp_gradient_sync == "every_micro_batch"
