@@ -14,7 +14,8 @@ from fid.runtime import precision
 from fid.runtime.precision import autocast, resolve_precision
 
 
-def test_auto_means_fp32_on_a_cpu_and_bf16_on_a_gpu():
+def test_auto_means_fp32_on_a_cpu_and_bf16_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(precision, "cuda_computes_bf16", lambda device: True)
     assert resolve_precision("auto", torch.device("cpu")) == "fp32"
     assert resolve_precision("auto", torch.device("cuda")) == "bf16"
     assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
@@ -38,6 +39,7 @@ def test_bf16_on_a_cpu_warns_only_without_native_bf16(monkeypatch, caplog, nativ
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_inference_on_a_cpu_is_bf16_where_it_pays(monkeypatch, native):
     monkeypatch.setattr(precision, "cpu_computes_bf16", lambda: native)
+    monkeypatch.setattr(precision, "cuda_computes_bf16", lambda device: True)
     cpu, wide = torch.device("cpu"), precision.CPU_BF16_MIN_WIDTH
     assert resolve_precision("auto", cpu, inference_width=wide) == ("bf16" if native else "fp32")
     assert resolve_precision("auto", cpu, inference_width=wide - 1) == "fp32"  # too narrow
@@ -82,3 +84,21 @@ def test_commands_record_the_precision_they_chose(
         assert main(["embed-passages", "--model", str(tmp_path / "bert"), "--passages",
                      str(passages), "--output", str(shard)]) == 0  # fmt: skip
         assert json.loads((tmp_path / f"shard{width}.json").read_text())["precision"] == want
+
+
+def test_auto_on_a_gpu_before_ampere_is_fp32_and_says_so(monkeypatch, caplog):
+    """A V100 or T4 has no bf16 arithmetic (emulated: slow): auto was bf16 on every GPU."""
+    precision.cuda_computes_bf16.cache_clear()
+    seen = []
+
+    def supported(including_emulation=True):
+        seen.append(including_emulation)
+        return including_emulation  # only emulated
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", supported)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    with caplog.at_level(logging.WARNING):
+        assert resolve_precision("auto", torch.device("cuda")) == "fp32"
+    assert seen == [False] and "Tesla V100-SXM2-32GB has no bf16 arithmetic" in caplog.text
+    precision.cuda_computes_bf16.cache_clear()

@@ -38,3 +38,16 @@ def test_no_model_is_loaded_around_load_pretrained():
             if ".from_pretrained(" in line and not allowed.search(line) and "def " not in line:
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert found == []
+
+
+def test_a_half_precision_folder_loads_as_fp32_master_weights(tmp_path, tiny_model_dir):
+    """transformers 5 loads a folder in its saved dtype: a bf16 folder gave bf16 weights on the
+    unsharded path (FSDP built fp32), so the two trained different models (issue 43, item 5)."""
+    import torch
+
+    t5 = load_t5(str(tiny_model_dir))
+    t5.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert {p.dtype for p in load_t5(str(tmp_path / "bf16")).parameters()} == {torch.float32}
+    config = InitRetrieverConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    build_tiny_bert(config, vocab_size=50).to(torch.float16).save_pretrained(tmp_path / "fp16")
+    assert {p.dtype for p in _load_encoder(tmp_path / "fp16").parameters()} == {torch.float32}

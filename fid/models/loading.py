@@ -59,7 +59,9 @@ def load_t5(name_or_path: str, dropout: float | None = None) -> T5ForConditional
     if settings.cross_attention_bias:
         with _quiet_transformers():  # the bias is an "unused" key to transformers: it is ours
             t5 = load_pretrained(T5ForConditionalGeneration, name_or_path, **overrides)
-        add_cross_attention_bias(t5, _tensor(folder / "model.safetensors", CROSS_ATTENTION_BIAS))
+        add_cross_attention_bias(
+            t5, _tensor(folder / "model.safetensors", CROSS_ATTENTION_BIAS).float()
+        )  # fp32 as the rest
         return t5
     if settings.cross_attention_every > 1:
         return _layer_sparse_t5(name_or_path, settings.cross_attention_every, overrides)

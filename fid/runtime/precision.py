@@ -46,9 +46,26 @@ def resolve_precision(
     if precision != "auto":
         return precision
     if device.type == "cuda":
-        return "bf16"
+        return "bf16" if cuda_computes_bf16(device) else "fp32"
     wide = inference_width is not None and inference_width >= CPU_BF16_MIN_WIDTH
     return "bf16" if wide and cpu_computes_bf16() else "fp32"
+
+
+@functools.cache
+def cuda_computes_bf16(device: torch.device) -> bool:
+    """Whether the GPU has bf16 arithmetic (Ampere and later); said once where it has not:
+    "auto" is then fp32 (bf16 on a V100 or T4 is emulated, slow, and fp16 needs a loss
+    scaler that FSDP cannot use)."""
+    if not torch.cuda.is_available():  # planning a GPU run from elsewhere: today's GPUs
+        return True
+    native = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    if not native:
+        logger.warning(
+            "precision auto: %s has no bf16 arithmetic (before Ampere): fp32. Hint: set "
+            "precision: fp16 for speed (training: not with FSDP)",
+            torch.cuda.get_device_name(device),
+        )
+    return native
 
 
 @functools.cache
