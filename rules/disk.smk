@@ -9,11 +9,12 @@ factory) and of the model and corpus sizes; config/README.md "Disk" says how the
   not show).
 
 REQUIRED INPUTS: the config; memory.smk (the models' sizes, from their memory plans).
-OUTPUTS: none (no rules): DISK_ROWS, DISK_TABLE and check_disk().
+OUTPUTS: none (no rules): DISK_ROWS, DISK_SYSTEMS and check_disk().
 """
 
 import hashlib
 
+from fid.data.questions import load_questions
 from fid.errors import InputError
 from fid.runtime.disk_plan import (
     DiskRow,
@@ -30,18 +31,29 @@ from fid.retrieval.residual_refine import code_bytes
 DISK_MISC_BYTES = 500_000  # configs, logs, evaluations, the report (0.34 MB: tiny demo)
 
 
+@functools.cache
+def _demo_world():
+    """The demo's world (a pure function of demo_data, built in a moment): its passages and
+    questions size the plan before make_demo_data runs."""
+    from fid.demo.world import build_world
+
+    return build_world(
+        config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
+    )
+
+
+@functools.cache
+def _scale_sizes():
+    return config_from_dict(STAGES["scale_data"][1], ScaleDataConfig).sizes()
+
+
 def _question_counts():
     """Questions per split: the demo world's and the rehearsal's by their knobs; a file's
     expected_size, else its index file's or its lines' count, where they are there."""
     if SCALE:
-        sizes = config_from_dict(STAGES["scale_data"][1], ScaleDataConfig).sizes()
-        return {split: sizes[split] for split in ("train", "dev", "test")}
+        return {split: _scale_sizes()[split] for split in ("train", "dev", "test")}
     if DEMO:
-        from fid.demo.world import build_world
-
-        world = build_world(
-            config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
-        )
+        world = _demo_world()
         return {split: len(q) for split, q in world.splits.items()}
     counts = {}
     for split, spec in DATA["questions"].items():
@@ -51,9 +63,8 @@ def _question_counts():
             if not counts[split] and index.is_file():
                 counts[split] = len(json.loads(index.read_text()))
             elif not counts[split] and given.is_file():
-                with open(given, "rb") as lines:
-                    counts[split] = sum(1 for _ in lines)
-        except (OSError, ValueError, TypeError):
+                counts[split] = len(load_questions(given))
+        except (OSError, ValueError, TypeError, InputError):
             counts[split] = 0
     return counts
 
@@ -82,15 +93,11 @@ def _extracted():
 
 def _corpus():
     if SCALE:
-        counts = config_from_dict(STAGES["scale_data"][1], ScaleDataConfig).sizes()
+        counts = _scale_sizes()
         # the rehearsal's lines: 11.9 GB at scale 1 (566 B a passage, measured)
         return disk_sizes.Corpus(counts["passages"], 566, len(str(counts["passages"])))
     if DEMO:
-        from fid.demo.world import build_world
-
-        world = build_world(
-            config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
-        )
+        world = _demo_world()
         text = sum(len(p.id) + len(p.title) + len(p.text) + 3 for p in world.passages)
         return disk_sizes.Corpus(
             len(world.passages),
@@ -122,11 +129,7 @@ def _text_stats():
     if SCALE:
         return disk_sizes.SCALE_TEXT
     if DEMO:  # the world is built here in a moment
-        from fid.demo.world import build_world
-
-        world = build_world(
-            config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
-        )
+        world = _demo_world()
         return disk_sizes.TextStats(**text_statistics(world.passages, CHECKED["bm25"]))
     path = Path(passages())
     if path.is_file():
@@ -172,11 +175,7 @@ def _learned_vocab(kind):
     with the memory plans); vocab_size where the corpus is large or not there yet."""
     size = CHECKED[f"init_{kind}"].vocab_size
     if DEMO:
-        from fid.demo.world import build_world
-
-        world = build_world(
-            config_from_dict(STAGES["demo_data"][1], DemoDataConfig).world_config()
-        )
+        world = _demo_world()
         texts = [t for p in world.passages for t in (p.title, p.text)]
         texts += [t for q in world.splits["train"] for t in (q.question, *q.answers)]
     elif Path(passages()).is_file() and Path(passages()).stat().st_size <= (
@@ -477,13 +476,16 @@ QUESTIONS = _question_counts()
 DISK_ROWS = disk_rows() if workflow.is_main_process else []
 
 
+# what each file system still needs (each row's folder walked once) and has free, when loaded
+DISK_SYSTEMS = file_systems(DISK_ROWS)
+
+
 def check_disk(refuse):
     """The plan against each file system's free space (onstart, in the Snakefile): a run that
     does not fit stops with the table unless disk_check is warn."""
-    systems = file_systems(DISK_ROWS)
-    table = format_plan(DISK_ROWS, systems)
-    if not short(systems):
+    if not short(DISK_SYSTEMS):
         return
+    table = format_plan(DISK_ROWS, DISK_SYSTEMS)
     message = (
         f"the run does not fit on disk:\n{table}\nHint: free space or move results/ and "
         "state/ (a link to a larger file system), or set disk_check: warn to run anyway "
@@ -495,12 +497,11 @@ def check_disk(refuse):
 
 
 if DISK_ROWS:
-    _systems = file_systems(DISK_ROWS)
     snakemake_logger.info(
         "disk plan (what each stage will hold once done):\n"
-        + format_plan(DISK_ROWS, _systems)
+        + format_plan(DISK_ROWS, DISK_SYSTEMS)
     )
-    if workflow.output_settings.dryrun and short(_systems):
+    if workflow.output_settings.dryrun and short(DISK_SYSTEMS):
         logging.getLogger("fid").warning(
             "the run does not fit on disk (above): a run would stop here unless "
             "disk_check: warn"

@@ -220,8 +220,7 @@ def _compute_plan(job: TrainingJob, questions: int | None) -> dict:
 
 
 def _compute_width(model: dict) -> int:
-    config = _model_config(model)
-    return int(getattr(config, "hidden_size", None) or config.d_model)
+    return int(_model_config(model).hidden_size)  # T5's d_model too
 
 
 def _compute_weights(job: TrainingJob) -> int:

@@ -31,8 +31,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fid.memory.sizes import format_bytes
-from fid.runtime.disk_plan import DiskRow, folder_bytes
+from fid.data.questions import load_questions
+from fid.runtime.disk_plan import DiskRow, folder_bytes, format_size
 
 GZIP_TEXT_RATIO = 2.8
 PASSAGE_LINE_BYTES = 620
@@ -81,10 +81,6 @@ class Corpus:
         return int(self.passages * self.line_bytes)
 
 
-def _gb(size: float) -> str:
-    return format_bytes(int(size))
-
-
 def corpus(path: str | Path, text_bytes: int | None, passages: int | None = None) -> Corpus:
     """The corpus at `path` when it is there (lines counted from its first 4 MiB), else
     `passages` or `text_bytes` (an estimate) over DPR's line size."""
@@ -117,7 +113,9 @@ def extracted_bytes(archive: Path, archive_bytes: int | None, member: str | None
     if member is None:
         if archive_bytes is None:
             return None, "archive size not in the config"
-        return int(archive_bytes * GZIP_TEXT_RATIO), f"{GZIP_TEXT_RATIO} x {_gb(archive_bytes)}"
+        return int(
+            archive_bytes * GZIP_TEXT_RATIO
+        ), f"{GZIP_TEXT_RATIO} x {format_size(archive_bytes)}"
     if archive.is_file() and archive.stat().st_size <= TAR_READ_LIMIT:
         try:  # a broken archive is refused with its own error by rule extract
             with tarfile.open(archive) as tar:
@@ -183,7 +181,7 @@ def model_files_bytes(folder: str | Path, weights: int | None, tokenizer: int) -
         return folder_bytes(folder), "its files"
     if weights is None:
         return None, "model shape unknown"
-    return weights + tokenizer, f"{_gb(weights)} of fp32 weights + tokenizer"
+    return weights + tokenizer, f"{format_size(weights)} of fp32 weights + tokenizer"
 
 
 def state_bytes(weights: int | None, tokenizer: int, checkpoints: int) -> tuple:
@@ -192,7 +190,7 @@ def state_bytes(weights: int | None, tokenizer: int, checkpoints: int) -> tuple:
         return None, "model shape unknown"
     checkpoint = int(weights * CHECKPOINT_OVER_WEIGHTS)
     return checkpoints * checkpoint + weights + tokenizer, (
-        f"{checkpoints} checkpoint{'s' if checkpoints > 1 else ''} of {_gb(checkpoint)} + best_dev"
+        f"{checkpoints} checkpoint{'s' if checkpoints > 1 else ''} of {format_size(checkpoint)} + best_dev"
     )
 
 
@@ -222,8 +220,7 @@ def model_width(model: str) -> int:
         projection = json.loads(spec.read_text()).get("projection_dim")
         if projection:
             return int(projection)
-    config = model_config(model, "encoder")
-    return int(getattr(config, "hidden_size", None) or config.d_model)
+    return int(model_config(model, "encoder").hidden_size)  # T5's d_model too
 
 
 def trained_weights(command: str, cfg, model: str) -> int:
@@ -243,21 +240,6 @@ def _tokenizer_bytes(model: str) -> int:
     return HUB_TOKENIZER_BYTES
 
 
-def _questions(paths: list[str]) -> int:
-    total = 0
-    for path in paths:
-        with open(path, "rb") as handle:
-            head = handle.read(1)
-            handle.seek(0)
-            if head == b"[":  # FiD json: a list of records
-                import json
-
-                total += len(json.load(handle))
-            else:  # one question a line (jsonl, DPR's TSV/CSV)
-                total += sum(1 for line in handle if line.strip())
-    return total
-
-
 def command_rows(command: str, cfg, output: str, *, model: str | None = None,
                  passages: str | None = None, questions: list[str] | None = None,
                  lists: str | None = None, compact: bool = False,
@@ -274,9 +256,13 @@ def command_rows(command: str, cfg, output: str, *, model: str | None = None,
     if command == "score-passages":
         factor = SCORES_OVER_LISTS["compact" if compact else "fid_json"]
         size = Path(lists).stat().st_size
-        return [DiskRow("scores", output, int(size * factor), f"{factor} x {_gb(size)} of lists")]
+        return [
+            DiskRow(
+                "scores", output, int(size * factor), f"{factor} x {format_size(size)} of lists"
+            )
+        ]
     if command in ("retrieve", "retrieve-bm25"):
-        count = _questions(questions or [])
+        count = sum(len(load_questions(path)) for path in questions or [])
         return [
             DiskRow(
                 "lists",

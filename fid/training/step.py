@@ -110,8 +110,12 @@ class OptimizerStep:
             self.optimizer, self.scheduler, self.scaler, self.parameters,
             self.cfg.clip_grad_norm, self.layout.sharded, finite,
         )  # fmt: skip
-        counted = finite and (grad_norm is None or bool(torch.isfinite(grad_norm)))
-        if finite and not counted:
+        # without a loss scaler apply_update skipped a non-finite gradient; fp16's overflows
+        # are the scaler's (their loss is finite: it counts)
+        bad_gradient = (self.scaler is None and grad_norm is not None
+                        and not bool(torch.isfinite(grad_norm)))  # fmt: skip
+        counted = finite and not bad_gradient
+        if finite and bad_gradient:
             logger.warning("step %d: the gradient norm is %s with a finite loss: no update",
                            number, float(grad_norm))  # fmt: skip
         self.skipped_in_a_row = 0 if updated else self.skipped_in_a_row + 1
