@@ -315,3 +315,24 @@ def test_fsdp_accumulation_plans_the_gradients_the_run_holds():
     # held whole: about 4x the shard's bytes for the blocks (4 ranks)
     assert last.components["gradients"] > 2 * every.components["gradients"]
     assert last.components["weights"] == every.components["weights"]
+
+
+def test_fsdp_plans_the_decoder_held_whole_through_dev_generation():
+    """Dev generation under FSDP keeps the decoder gathered (issue 43.2: one all-gather, not
+    one per token): the plan holds the rank's shards and the whole decoder at least, and says
+    so; a wide decoder over many ranks makes that the run's peak."""
+    from fid.config import ReaderTrainConfig
+    from fid.memory.command_plans import command_plan_inputs
+
+    # a deep, wide decoder: its blocks whole outweigh the step's activations and 2 gathered blocks
+    shape = dict(T5_SHAPE, d_ff=4096, num_decoder_layers=12)
+    cfg = ReaderTrainConfig(sharding="fsdp", n_passages=2, passage_max_tokens=8, precision="fp32")
+    plan = plan_step(command_plan_inputs("train-reader", cfg, T5Config(**shape), 8, "cpu"))
+    decoder = plan.notes["dev generation holds the decoder whole"]
+    assert decoder > 0
+    held = plan.components["weights"] + plan.components["optimizer states"] + decoder * 7 // 8
+    assert plan.peak >= held
+    assert plan.components["dev generation's whole decoder, beyond the step"] > 0
+    replicated = ReaderTrainConfig(n_passages=2, passage_max_tokens=8, precision="fp32")
+    plain = plan_step(command_plan_inputs("train-reader", replicated, T5Config(**shape), 8, "cpu"))
+    assert "dev generation holds the decoder whole" not in plain.notes

@@ -119,3 +119,120 @@ def test_groups_without_shards_are_unchanged(tiny_t5):
     assert len(build_optimizer(tiny_t5, 1e-3, 0.01).param_groups) == 2
     one = build_optimizer(tiny_t5, 1e-3, 0.1, decay_biases_and_norms=True).param_groups
     assert len(one) == 1 and one[0]["weight_decay"] == 0.1
+
+
+def _counting_all_gathers(counter: list[int]) -> None:
+    """Counts FSDP's all-gathers (each is one unit's weights) in this process. FSDP2 calls its
+    module-level `foreach_all_gather` once per unit gathered: a private name, patched here to
+    count; a torch that renames it fails this test loudly rather than counting nothing."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_module
+
+    gather = group_module.foreach_all_gather
+
+    def counted(*args, **kwargs):
+        counter[0] += 1
+        return gather(*args, **kwargs)
+
+    group_module.foreach_all_gather = counted
+
+
+def _gathers_rank(rank: int, port: int, folder: str, out: str) -> None:
+    """On each of 2 gloo ranks: a sharded reader with 8 length buckets and activation
+    checkpointing, as `fid train-reader` builds it; the all-gathers of a training forward, its
+    backward and a dev evaluation; its gradients against the unsharded reader's."""
+    import json
+    from pathlib import Path
+
+    from fid.config import ReaderTrainConfig
+    from fid.data.examples import Example
+    from fid.models.loading import load_reader
+    from fid.training.reader import ReaderTask, build_start_reader
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)  # fmt: skip
+    cfg = ReaderTrainConfig(sharding="fsdp", encoder_buckets=8, dropout=0.0, max_new_tokens=6,
+                            eval_batch_size=4)  # fmt: skip
+    reader, tokenizer = build_start_reader(folder, cfg, torch.device("cpu"))
+    whole, _ = load_reader(folder, cfg.encoder_buckets, cfg.pack_passages, dropout=0.0)
+    units = reader.fsdp_units()
+    for model in (reader, whole):
+        model.set_activation_checkpointing(True)  # after sharding, as train_reader does
+        model.train()
+    count = [0]
+    _counting_all_gathers(count)
+
+    torch.manual_seed(5)  # the same batch on both ranks: their average is the batch's gradient
+    ids = torch.randint(3, 300, (2, 8, 12))
+    lengths = torch.randint(2, 13, (2, 8))
+    mask = (torch.arange(12) < lengths[..., None]).long()
+    ids = ids * mask
+    labels = torch.randint(3, 300, (2, 4))
+    loss = reader(ids, mask, labels=labels).loss
+    forward = count[0]
+    loss.backward()
+    backward = count[0] - forward
+    whole(ids, mask, labels=labels).loss.backward()
+    sharded_grads = dict(reader.t5.named_parameters())
+    worst = 0.0
+    for name, param in whole.t5.named_parameters():
+        grad = sharded_grads[name].grad
+        grad = grad.full_tensor() if isinstance(grad, DTensor) else grad
+        if name.startswith(("encoder.block", "decoder.block")):  # replicated ones: averaged later
+            worst = max(worst, float((grad - param.grad).abs().max()))
+
+    reader.eval()
+    dev = [
+        Example(
+            id=str(i),
+            question=f"who wrote book {i}",
+            answers=["a writer"],
+            target=None,
+            ctxs=[
+                {"title": "book", "text": "the book was written in 1901 " * (1 + j)}
+                for j in range(4)
+            ],
+            record={},
+        )  # fmt: skip
+        for i in range(4)
+    ]
+    task = ReaderTask(reader, tokenizer, cfg, train=[], dev=dev, device=torch.device("cpu"))
+    before = count[0]
+    task.evaluate()  # each rank generates for 2 questions: one batch
+    evaluation = count[0] - before
+    before = count[0]
+    batch = task.collator(dev[:2])
+    with torch.no_grad():
+        tokens = reader.generate(batch.input_ids, batch.attention_mask, 6).shape[1] - 1
+    plain_generation = count[0] - before
+    result = dict(forward=forward, backward=backward, evaluation=evaluation, tokens=tokens,
+                  plain_generation=plain_generation, grad_diff=worst,
+                  encoder_units=len(reader.t5.encoder.block), units=len(units))  # fmt: skip
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def test_each_block_is_gathered_once_per_forward_backward_and_generation(tiny_model_dir, tmp_path):
+    """Issue 43.2: with 8 length buckets every encoder block was all-gathered once per bucket
+    (18 all-gathers in the forward, 18 in the backward for 4 units, instead of 4 and 4), and
+    dev generation re-gathered the decoder at every token. Now: one all-gather per unit in the
+    forward and in the backward, the gradients those of the unsharded reader, and a dev
+    evaluation gathers each encoder block once per batch and the decoder once."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_gathers_rank, args=(port, str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["forward"] == r["units"], r
+        assert r["backward"] == r["units"], r
+        assert r["grad_diff"] <= 1e-6, r
+        assert r["evaluation"] == r["units"], r  # one batch: encoder once, decoder once
+        # what generation costs without holding the decoder: a gather per block per token
+        decoder_units = r["units"] - r["encoder_units"]
+        assert r["tokens"] >= 2, "generation must run several tokens for this test to mean it"
+        assert r["plain_generation"] >= r["encoder_units"] + decoder_units * r["tokens"], r

@@ -131,6 +131,7 @@ class _ModelBytes:
     total: int
     in_blocks: int
     largest_block: int
+    in_decoder_blocks: int = 0
 
 
 def model_bytes(inputs: PlanInputs) -> int:
@@ -145,10 +146,12 @@ def _model_bytes(inputs: PlanInputs) -> _ModelBytes:
 
     from fid.memory.model_shapes import build_t5
 
+    decoder_blocks = []
     with torch.device("meta"):
         if inputs.command == "train-reader":
             model = build_t5(inputs.config)
             blocks = [*model.encoder.block, *model.decoder.block]
+            decoder_blocks = list(model.decoder.block)
         else:
             model = AutoModel.from_config(inputs.config)
             blocks = list(model.encoder.layer)
@@ -156,8 +159,13 @@ def _model_bytes(inputs: PlanInputs) -> _ModelBytes:
                 blocks = blocks * 2
     copies = 1 if inputs.command == "train-reader" or inputs.spec.shared else 2
     total = copies * sum(p.numel() * 4 for p in model.parameters())
-    sizes = [sum(p.numel() * 4 for p in block.parameters()) for block in blocks]
-    return _ModelBytes(total=total, in_blocks=sum(sizes), largest_block=max(sizes))
+
+    def size(block) -> int:
+        return sum(p.numel() * 4 for p in block.parameters())
+
+    sizes = [size(block) for block in blocks]
+    return _ModelBytes(total=total, in_blocks=sum(sizes), largest_block=max(sizes),
+                       in_decoder_blocks=sum(size(block) for block in decoder_blocks))  # fmt: skip
 
 
 def _plan_from_trace(inputs: PlanInputs, trace: StepTrace, model: _ModelBytes) -> MemoryPlan:
@@ -182,6 +190,9 @@ def _plan_from_trace(inputs: PlanInputs, trace: StepTrace, model: _ModelBytes) -
     parts["master weights"] = 0  # autocast computes from the fp32 weights: they are the master
     if inputs.device == "cuda":
         parts["cuBLAS workspaces"] = 2 * CUBLAS_WORKSPACE_BYTES  # forward and backward threads
+    evaluation = _fsdp_evaluation_bytes(inputs, parts, model)
+    if evaluation > sum(parts.values()):
+        parts["dev generation's whole decoder, beyond the step"] = evaluation - sum(parts.values())
     tensors = sum(parts.values())
     if inputs.device == "cuda":
         parts["allocator allowance"] = int(ALLOCATOR_FRACTION * tensors)
@@ -201,7 +212,21 @@ def _plan_from_trace(inputs: PlanInputs, trace: StepTrace, model: _ModelBytes) -
         notes["logits B x A x vocab"] = shape.questions * shape.answer_tokens * vocab * logits_bytes
     if trace.update_peak:
         notes["peak is the optimizer update's"] = trace.update_peak
+    if _fsdp_evaluation_bytes(inputs, parts, model):
+        notes["dev generation holds the decoder whole"] = model.in_decoder_blocks
     return MemoryPlan(inputs=inputs, components=parts, notes=notes, peak=sum(parts.values()))
+
+
+def _fsdp_evaluation_bytes(inputs: PlanInputs, parts: dict[str, int], model: _ModelBytes) -> int:
+    """What a sharded reader's rank holds through dev generation, past the step: its shards of
+    the weights and optimizer states, and the decoder's blocks whole (kept gathered for the
+    whole generation: fid.training.sharding.kept_gathered), without the step's activations
+    (a generation's own are an eval batch's, left out). 0 when nothing is sharded."""
+    k = inputs.world_size
+    if inputs.sharding != "fsdp" or k <= 1 or not model.in_decoder_blocks:
+        return 0
+    decoder_rest = model.in_decoder_blocks - model.in_decoder_blocks // k  # its shard is counted
+    return parts["weights"] + parts["optimizer states"] + decoder_rest
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from transformers import AutoModel, PretrainedConfig
 from transformers.modeling_outputs import BaseModelOutput
 
 from fid.memory.model_shapes import build_t5
+from fid.models.bucketed_encoder import BUCKETS_METHOD, attach_bucket_forward, encode_buckets
 from fid.models.reader_variants import remove_cross_attention
 from fid.models.retriever import DualEncoder
 from fid.models.retriever_spec import DualEncoderSpec
@@ -112,8 +113,9 @@ def fused_encoder_states(
     t5: torch.nn.Module, rows: int, L: int, k: int, buckets: int, tracker: MemTracker | None = None
 ) -> tuple[torch.Tensor, int | None]:
     """FiDReader.encode at full length, as it makes its tensors: the `rows` passages (questions
-    x passages) of L tokens in `buckets` groups (the recomputation of a checkpointed block holds
-    one bucket's activations), each group's first k tokens picked out (a copy; its backward
+    x passages) of L tokens in `buckets` groups, block by block over all groups
+    (fid.models.bucketed_encoder; the recomputation of a checkpointed block holds one bucket's
+    activations), each group's first k tokens picked out (a copy; its backward
     keeps the row and position of each), concatenated (rows * k, D) and scattered into the
     fused sequence: two copies. Training and inference plans trace it alike.
 
@@ -121,15 +123,19 @@ def fused_encoder_states(
         The fused states (rows * k, D), and the activations alive after the buckets (bytes;
         `tracker`'s, None without one).
     """
-    parts = []
-    for group in torch.tensor_split(torch.arange(rows), min(buckets, rows)):
+    groups = torch.tensor_split(torch.arange(rows), min(buckets, rows))
+    inputs = []
+    for group in groups:
         ids = torch.ones(len(group), L, dtype=torch.long)
         # a group of several passages holds padding (it is padded to its longest), so
         # attention gets a (group, heads, L, L) mask; one passage alone has none: transformers
         # (5.25) drops an all-ones mask, for eager and SDPA alike
-        mask = None if len(group) == 1 else torch.ones_like(ids)
-        hidden = t5.encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # (group, L, D)
-        kept = hidden[:, :k].reshape(len(group) * k, -1)
+        inputs.append((ids, None if len(group) == 1 else torch.ones_like(ids)))
+    if not hasattr(t5.encoder.block[0], BUCKETS_METHOD):
+        attach_bucket_forward(t5.encoder)
+    parts = []
+    for group, hidden in zip(groups, encode_buckets(t5.encoder, inputs), strict=True):
+        kept = hidden[:, :k].reshape(len(group) * k, -1)  # hidden: (group, L, D)
         row_and_position = torch.arange(len(group) * k * 2).view(2, -1)
         parts.append(kept.index_select(0, row_and_position[0] % (len(group) * k)))
     encoder_bytes = _activations(tracker) if tracker is not None else None

@@ -37,6 +37,7 @@ from transformers import T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.t5.modeling_t5 import T5Attention
 
+from fid.models.bucketed_encoder import attach_bucket_forward, encode_buckets
 from fid.models.reader_variants import (
     check_variant,
     cross_attention_period,
@@ -135,6 +136,7 @@ class FiDReader(nn.Module):
         if cross_attention_every is not None:
             remove_cross_attention(t5, cross_attention_every)
         self.t5 = t5
+        attach_bucket_forward(t5.encoder)
         self.encoder_buckets = encoder_buckets
         # Positions matter to a cross-attention bias: keep the original's layout then.
         self.pack_passages = pack_passages and not bias
@@ -216,15 +218,19 @@ class FiDReader(nn.Module):
         # Encode real passages in buckets of similar length, each padded to its own longest.
         real_rows = torch.nonzero(lengths > 0).squeeze(1)
         real_rows = real_rows[torch.argsort(lengths[real_rows], stable=True)]
+        buckets = torch.tensor_split(real_rows, min(self.encoder_buckets, len(real_rows)))
+        bucket_masks = [mask[rows, : int(lengths[rows].max())] for rows in buckets]  # (n_k, w_k)
+        # Block by block over all buckets: under FSDP each block is gathered once, not once
+        # per bucket (fid.models.bucketed_encoder).
+        pairs = zip(buckets, bucket_masks, strict=True)
+        inputs = [(ids[rows, : m.shape[1]], m.long()) for rows, m in pairs]  # (n_k, w_k) each
+        states = encode_buckets(self.t5.encoder, inputs)
         hidden_parts, destinations, slots = [], [], []
-        for rows in torch.tensor_split(real_rows, min(self.encoder_buckets, len(real_rows))):
-            width = int(lengths[rows].max())
-            bucket_mask = mask[rows, :width]  # (n_k, width)
-            out = self.t5.encoder(input_ids=ids[rows, :width], attention_mask=bucket_mask.long())
-            handed = bucket_mask[:, :k]  # (n_k, min(width, k)) the tokens the decoder reads
+        for rows, bucket_mask, state in zip(buckets, bucket_masks, states, strict=True):
+            handed = bucket_mask[:, :k]  # (n_k, min(w_k, k)) the tokens the decoder reads
             row, pos = torch.nonzero(handed, as_tuple=True)
             token_rows = rows[row]
-            hidden_parts.append(out.last_hidden_state[:, :k][handed])  # (tokens_k, D)
+            hidden_parts.append(state[:, :k][handed])  # (tokens_k, D)
             destinations.append(row_question[token_rows] * T + starts[token_rows] + pos)
             slots.append(row_slot[token_rows])
         destination = torch.cat(destinations)

@@ -112,16 +112,18 @@ class ReaderTask:
     def evaluate(self) -> dict[str, float]:
         # Each rank generates for its share of the dev set; all ranks get every prediction.
         mine = take(self.dev, distributed.shard_indices(len(self.dev)))
-        local = generate_answers(
-            self.model,
-            self.tokenizer,
-            self.collator,
-            mine,
-            self.cfg.eval_batch_size,
-            self.cfg.max_new_tokens,
-            self.cfg.num_beams,
-            self.device,
-        )
+        # FSDP: the decoder stays gathered through the generation, not gathered at every token
+        with sharding.kept_gathered(self.model.t5.decoder.block):
+            local = generate_answers(
+                self.model,
+                self.tokenizer,
+                self.collator,
+                mine,
+                self.cfg.eval_batch_size,
+                self.cfg.max_new_tokens,
+                self.cfg.num_beams,
+                self.device,
+            )
         predictions = distributed.gather_in_order(len(self.dev), local)
         metrics = answer_metrics(predictions, [e.answers for e in without_passages(self.dev)])
         return {"exact_match": metrics["exact_match"], "f1": metrics["f1"], "n": len(self.dev)}

@@ -21,7 +21,8 @@ Works with gloo on CPU (tested with 2 processes) and nccl on GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -29,8 +30,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
+
+from fid.models.bucketed_encoder import BUCKETS_METHOD
 
 
 def shard(model: nn.Module, units: Sequence[nn.Module]) -> list[nn.Parameter]:
@@ -44,7 +47,31 @@ def shard(model: nn.Module, units: Sequence[nn.Module]) -> list[nn.Parameter]:
     for unit in units:
         if not isinstance(unit, FSDPModule):  # a reader built sharded comes here sharded
             fully_shard(unit, reshard_after_forward=True)
+            # An encoder block's call over all length buckets is a forward of the unit too:
+            # gathered once for all buckets (fid.models.bucketed_encoder).
+            if hasattr(unit, BUCKETS_METHOD):
+                register_fsdp_forward_method(unit, BUCKETS_METHOD)
     return [p for p in model.parameters() if not isinstance(p, DTensor)]
+
+
+@contextlib.contextmanager
+def kept_gathered(units: Iterable[nn.Module]) -> Iterator[None]:
+    """Holds each sharded unit's full weights through the block: one all-gather per unit.
+
+    For generation: transformers' generate runs every decoder block once per new token, and a
+    unit that reshards after its forward is gathered again at every token (a 20-token answer:
+    20 all-gathers of each decoder block). Costs the units' full weights for the while.
+    """
+    sharded = [unit for unit in units if isinstance(unit, FSDPModule)]
+    for unit in sharded:
+        unit.set_reshard_after_forward(False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in sharded:
+            unit.reshard()
+            unit.set_reshard_after_forward(True)
 
 
 def set_gradient_sync(units: Iterable[nn.Module], enabled: bool) -> None:
