@@ -302,3 +302,39 @@ def test_real_text_run(tmp_path):
                  "--output", str(tmp_path / "s.json")]) == 0  # fmt: skip
     scored = json.loads((tmp_path / "s.json").read_text())
     assert all(isinstance(c["reader_score"], float) for r in scored for c in r["ctxs"])
+
+
+def test_cpu_only_commands_take_no_device(tmp_path, monkeypatch):
+    """build-index (faiss on the CPU), init-reader, init-retriever and convert-checkpoint run
+    torch on the CPU only: on a GPU node they set up a device, a CUDA context on a GPU that
+    another job may be using (issue 43.7). Their threads still follow --threads, faiss's too."""
+    import faiss
+    import numpy as np
+
+    from fid.cli.parser import DEVICE_FREE, build_parser
+    from fid.retrieval.embeddings import save_embedding_shard
+    from fid.runtime import distributed
+
+    def no_device(*args, **kwargs):
+        raise AssertionError("a CPU-only command set up a device")
+
+    monkeypatch.setattr(distributed, "setup", no_device)
+    vectors = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    save_embedding_shard(tmp_path / "shard0", vectors, [f"p{i}" for i in range(64)], 0, 1, "m")
+    faiss.omp_set_num_threads(2)
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--threads", "1", "build-index", "--shards", str(tmp_path / "shard0"),
+                     "--output", str(tmp_path / "index")]) == 0  # fmt: skip
+        assert faiss.omp_get_max_threads() == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert (tmp_path / "index").is_dir()
+    parser = build_parser()
+    commands = [a for a in parser._actions if a.dest == "command"][0].choices
+    assert set(commands) >= DEVICE_FREE
+    for name, sub in commands.items():
+        assert sub.get_default("takes_device") == (
+            sub.get_default("runs_models") and name not in DEVICE_FREE
+        ), name
+    assert commands["train-reader"].get_default("takes_device")

@@ -112,7 +112,8 @@ def _run(args: argparse.Namespace) -> int:
         setup_logging(rank=info.rank, job=job)
         logger.error("%s", input_error_message(error, args))
         return EXIT_ERROR
-    # A command that runs no model needs neither torch nor a device (parser.MODEL_FREE).
+    # A command that runs no model needs neither torch nor a device (parser.MODEL_FREE); one
+    # that runs torch on the CPU only, no device (parser.DEVICE_FREE).
     distributed = None
     args.device = None
     try:
@@ -122,7 +123,8 @@ def _run(args: argparse.Namespace) -> int:
 
             return_freed_memory()  # the resident size is what the tensors hold (memory plans)
             _set_threads(args.threads)
-            args.device = distributed.setup(info)
+            if args.takes_device or info.is_distributed:  # else: no CUDA context (DEVICE_FREE)
+                args.device = distributed.setup(info)
         # Where the command writes, checked before any work (a read-only or full disk is
         # said at once, not at the end of a training run).
         check_writable(_written_folders(args))

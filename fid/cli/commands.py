@@ -264,9 +264,15 @@ def embed_passages(args) -> None:
 
 
 def build_index(args) -> None:
+    import faiss
+    import torch
+
     from fid.config import IndexConfig
     from fid.retrieval.index_build import build_index
 
+    # faiss's OpenMP threads follow torch's (--threads, FID_THREADS): a faiss wheel may carry
+    # its own OpenMP runtime, which torch.set_num_threads does not reach.
+    faiss.omp_set_num_threads(torch.get_num_threads())
     build_index(_load_config(args, IndexConfig), args.shards, args.output)
 
 

@@ -31,6 +31,11 @@ MODEL_FREE = frozenset({
     "plan-disk",
 })  # fmt: skip
 
+# Commands that run torch on the CPU only (faiss, a model built or converted and saved): their
+# threads are tied to the job's, but they take no device, so on a GPU node they create no CUDA
+# context (about 0.5 GiB of a GPU another job may be using) and start no process group.
+DEVICE_FREE = frozenset({"build-index", "init-reader", "init-retriever", "convert-checkpoint"})
+
 
 def _at_least_one(text: str) -> int:
     """An integer flag value >= 1 (argparse turns the error into a usage line, exit 2)."""
@@ -56,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.add_argument("--config", type=Path, help="YAML of knobs (default: defaults)")
         outputs = _OUTPUTS.get(name, OUTPUT)
-        command.set_defaults(func=func, runs_models=name not in MODEL_FREE, outputs=outputs)
+        command.set_defaults(func=func, runs_models=name not in MODEL_FREE,
+                             takes_device=name not in MODEL_FREE | DEVICE_FREE,
+                             outputs=outputs)  # fmt: skip
         if outputs:
             command.add_argument(
                 "--replace",
