@@ -5,10 +5,14 @@ with the CPU, in one call (issue 21; <= 8 minutes on one GPU).
     python benchmarks/gpu_check.py --device cpu --small  # the same steps, small, on a CPU
 
 Each check prints one row (ok, seconds, what it found) and everything goes to OUT/gpu_check.json;
-the exit status is 1 if any check failed. The checks, on a demo world with tiny models:
+the exit status is 1 if any check failed (a check fails by raising CheckFailed through `require`,
+never by assert, so that `python -O` runs every check too). The checks, on a demo world with
+tiny models:
 
 - train fp16 / bf16: reader training with autocast (fp16 with the loss scaler, CUDA only); its
-  first losses are finite and within a tolerance of the fp32 CPU run on the same seed and data;
+  first losses are finite and within a tolerance of the fp32 CPU run on the same seed and data,
+  no step skipped beyond the loss scaler's first calibration steps (fp16; none in bf16), its
+  gradient norms finite after them, and its weights changed from the start model's;
 - resume: fp32 training stopped by SIGUSR1 after its first checkpoint (exit 75) and run again
   ends bitwise equal to an uninterrupted run (`deterministic: true`);
 - eval / score / embed / retrieve: `eval-reader`, `score-passages`, `embed-passages`, `retrieve`
@@ -26,7 +30,8 @@ the exit status is 1 if any check failed. The checks, on a demo world with tiny 
   peak against max_memory_allocated (goal 10%; small: one case, no goal).
 - out of memory: a real one (issue 28 item 4). CUDA's caching allocator is capped
   (torch.cuda.set_per_process_memory_fraction) halfway between the measured peaks of a
-  micro-batch and of its half: reader training must redo the step split, lower its token
+  micro-batch and of its half (each the whole process's peak, kept across the resets of the
+  training log's intervals): reader training must redo the step split, lower its token
   limit and end with the uncapped run's parameters (fp32 round-off); score-passages must
   split its batch, lower its batch size and write the uncapped run's scores. On a CPU the
   same commands run under FID_INJECT_OOM (the tests' simulated error) instead of a cap.
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -53,6 +59,25 @@ ROOT = Path(__file__).resolve().parents[1]
 # bf16 dense peak FLOP/s by GPU name (NVIDIA's data sheets, without sparsity)
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 TOLERANCE = {"fp16": 0.02, "bf16": 0.05, "fp32": 1e-4}  # relative, first logged losses
+# fp16's loss scaler (torch.amp.GradScaler) starts at a scale of 2**16 and halves it on each
+# step that overflows, skipping that step: its first steps may be skipped while it looks for a
+# scale that fits the gradients. 2**16 halved 5 times leaves room for scaled values up to 32 in
+# fp16's range (65504), far above a tiny reader's gradients; more skips, or a skip once the
+# scaler has settled, are fp16 overflowing the model itself (a run that could "train" without
+# a single update for up to max_skipped_steps_in_a_row = 25 steps). bf16 and fp32 have no
+# scaler: none of their steps may be skipped.
+SCALER_CALIBRATION_STEPS = 5
+
+
+class CheckFailed(Exception):
+    """A check found its path wrong (raised by `require`)."""
+
+
+def require(condition: object, message: str) -> None:
+    """Fails the check with `message` unless `condition` holds: an explicit raise, not an
+    assert, which `python -O` would remove (and with it the check)."""
+    if not condition:
+        raise CheckFailed(message)
 
 
 def _fid(*args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -73,6 +98,12 @@ def _child_error(stderr: str) -> str:
     return stderr[start : start + 3000] if start >= 0 else stderr[-3000:]
 
 
+def _script(body: str) -> str:
+    """A child script (run as `python -c`, a program of its own): BODY, after a line that lets
+    it import this file (`require`, a check that fails under `python -O` too; ProcessPeak)."""
+    return f"import sys\nsys.path.append({str(Path(__file__).resolve().parent)!r})\n{body}"
+
+
 def _yaml(path: Path, values: dict) -> Path:
     import yaml
 
@@ -80,9 +111,76 @@ def _yaml(path: Path, values: dict) -> Path:
     return path
 
 
-def _losses(model: Path) -> list[float]:
+def _train_lines(model: Path) -> list[dict]:
+    """The training lines of a run's metrics.jsonl (fid/training/interval_log.py: step, loss,
+    skipped_steps, grad_norm, ...), one per log interval."""
     lines = (model / "metrics.jsonl").read_text().splitlines()
-    return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
+    return [r for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+def _losses(model: Path) -> list[float]:
+    return [r["loss"] for r in _train_lines(model)]
+
+
+def require_updates(precision: str, lines: list[dict]) -> str:
+    """Fails unless a training log shows a run that trained: at most the loss scaler's first
+    calibration steps skipped (fp16; none otherwise), and a finite gradient norm on every line
+    after them (a skipped step's norm is not finite). Returns "N of M steps applied"."""
+    calibration = SCALER_CALIBRATION_STEPS if precision == "fp16" else 0
+    require(lines, f"{precision}: no training lines logged")
+    steps = lines[-1]["step"]
+    skipped = sum(line["skipped_steps"] for line in lines)
+    require(skipped <= calibration and skipped < steps,
+            f"{precision}: {skipped} of {steps} steps skipped (a loss scaler's calibration "
+            f"explains at most {calibration})")  # fmt: skip
+    unfinite = [(line["step"], line.get("grad_norm")) for line in lines
+                if line["step"] > calibration and not _finite(line.get("grad_norm"))]  # fmt: skip
+    require(not unfinite, f"{precision}: grad_norm not finite after step {calibration}: "
+                          f"(step, grad_norm) {unfinite[:3]}")  # fmt: skip
+    return f"{steps - skipped} of {steps} steps applied"
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def changed_tensors(start: Path, trained: Path) -> tuple[int, int]:
+    """(tensors whose values differ, tensors in both) between two model folders' weights."""
+    from safetensors.torch import load_file
+
+    before, after = (load_file(folder / "model.safetensors") for folder in (start, trained))
+    common = sorted(before.keys() & after.keys())
+    changed = sum(not before[name].float().equal(after[name].float()) for name in common)
+    return changed, len(common)
+
+
+class ProcessPeak:
+    """The process's peak of CUDA memory allocated, kept across resets of CUDA's peak statistics.
+
+    fid's training loop resets the peak at the start of the step after each logged line
+    (fid/training/interval_log.py through PeakMemory.reset, fid/runtime/logs.py), so that
+    each line reports its own interval: max_memory_allocated at exit is then the last
+    interval's peak, not the run's. Wrapping the reset itself, so that each reset first keeps
+    the peak so far, holds for every reset in the process (any log interval, any code path:
+    evaluation, checkpoints, a future caller); the logged peaks would not (they leave out
+    evaluation and saving, and score-passages logs none), nor would a log interval longer than
+    the run (any other reset). `cuda` is torch.cuda (or a stand-in with the same names);
+    install before importing the code that resets, which may hold the function otherwise."""
+
+    def __init__(self, cuda):
+        self.cuda, self.kept = cuda, 0
+        reset = cuda.memory.reset_peak_memory_stats
+
+        def keep_then_reset(device=None):
+            self.kept = max(self.kept, cuda.max_memory_allocated(device))
+            return reset(device)
+
+        # torch.cuda's name and torch.cuda.memory's (reset_max_memory_allocated calls that one)
+        cuda.reset_peak_memory_stats = cuda.memory.reset_peak_memory_stats = keep_then_reset
+
+    def bytes(self) -> int:
+        """The largest peak seen so far: before any reset, or since the last one."""
+        return max(self.kept, self.cuda.max_memory_allocated())
 
 
 class Run:
@@ -133,12 +231,18 @@ class Run:
         found = []
         for precision in ("fp16", "bf16") if self.cuda else ("bf16",):
             config = self.reader_config(precision, precision=precision)
-            losses = _losses(self.train_reader(precision, config, self.device_env))
+            model = self.train_reader(precision, config, self.device_env)
+            losses = _losses(model)
             first = losses[:3]
-            assert all(x == x and abs(x) < 1e4 for x in losses), f"{precision}: {losses}"
+            require(all(x == x and abs(x) < 1e4 for x in losses), f"{precision}: {losses}")
             worst = max(abs(a - b) / abs(b) for a, b in zip(first, reference, strict=False))
-            assert worst <= TOLERANCE[precision], (precision, first, reference[:3])
-            found.append(f"{precision} first losses within {worst:.1e} of fp32 CPU")
+            require(worst <= TOLERANCE[precision],
+                    f"{precision}: first losses {first}, fp32 CPU's {reference[:3]}")  # fmt: skip
+            # finite losses alone pass a run whose every step was skipped (fp16's overflows)
+            applied = require_updates(precision, _train_lines(model))
+            changed, tensors = changed_tensors(self.out / "init_reader", model)
+            require(changed, f"{precision}: all {tensors} tensors equal the start model's")
+            found.append(f"{precision} first losses within {worst:.1e} of fp32 CPU, {applied}")
         return "; ".join(found)
 
     def resume(self) -> str:
@@ -157,16 +261,16 @@ class Run:
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
         deadline = time.monotonic() + 300
         while not (state / "step-5").exists() and process.poll() is None:
-            assert time.monotonic() < deadline, "no first checkpoint within 300 s"
+            require(time.monotonic() < deadline, "no first checkpoint within 300 s")
             time.sleep(0.05)
         process.send_signal(signal.SIGUSR1)
         _, err = process.communicate(timeout=300)
-        assert process.returncode == 75, f"exit {process.returncode}, not 75: {err[-1500:]}"
+        require(process.returncode == 75, f"exit {process.returncode}, not 75: {err[-1500:]}")
         subprocess.run(command, cwd=ROOT, env={**os.environ, **self.device_env}, check=True,
                        capture_output=True)  # fmt: skip
         one, two = (load_file(p / "model.safetensors") for p in (straight, self.out / "stopped"))
         differ = [name for name in one if not one[name].equal(two[name])]
-        assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"
+        require(not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}")
         return f"stopped at a checkpoint (exit 75), resumed: {len(one)} tensors bitwise equal"
 
     def inference(self) -> str:
@@ -196,23 +300,23 @@ class Run:
                 self.out / f"retrieved-{where}.json", env=env)  # fmt: skip
         answers = [[json.loads(x)["prediction"] for x in (self.out / f"p-{w}.jsonl").open()]
                    for w in ("cpu", "device")]  # fmt: skip
-        assert answers[0] == answers[1], "eval-reader: other answers on the device"
+        require(answers[0] == answers[1], "eval-reader: other answers on the device")
         found["answers"] = f"{len(answers[0])} equal"
         scores = [[c["reader_score"] for r in json.loads((self.out / f"scored-{w}.json")
                    .read_text()) for c in r["ctxs"] if "reader_score" in c]
                   for w in ("cpu", "device")]  # fmt: skip
         worst = float(np.max(np.abs(np.array(scores[0]) - np.array(scores[1]))))
-        assert worst <= 1e-4, f"score-passages: scores differ by {worst}"
+        require(worst <= 1e-4, f"score-passages: scores differ by {worst}")
         found["scores"] = f"max diff {worst:.1e}"
         vectors = [np.load(self.out / f"shard-{w}.npy").astype(np.float32)
                    for w in ("cpu", "device")]  # fmt: skip
         worst = float(np.abs(vectors[0] - vectors[1]).max())
-        assert worst <= 2e-3, f"embed-passages: vectors differ by {worst}"  # float16 shards
+        require(worst <= 2e-3, f"embed-passages: vectors differ by {worst}")  # float16 shards
         found["vectors"] = f"max diff {worst:.1e}"
         lists = [[[c["id"] for c in r["ctxs"]] for r in json.loads((self.out / f"retrieved-{w}"
                   ".json").read_text())] for w in ("cpu", "device")]  # fmt: skip
         same = np.mean([len(set(a) & set(b)) / len(a) for a, b in zip(*lists, strict=True)])
-        assert same >= 0.99, f"retrieve: {same:.3f} of the top 10 shared"
+        require(same >= 0.99, f"retrieve: {same:.3f} of the top 10 shared")
         found["lists"] = f"{same:.1%} of the top 10 shared"
         return ", ".join(f"{k} {v}" for k, v in found.items())
 
@@ -226,10 +330,11 @@ class Run:
         ranks = 2 if not self.cuda or visible_gpus() >= 2 else 1
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", str(ranks), "--log-dir", os.devnull, "--no-python",
-                   sys.executable, "-c", _PROCESS_GROUP, str(self.out / "init_reader")]  # fmt: skip
+                   sys.executable, "-c", _script(_PROCESS_GROUP),
+                   str(self.out / "init_reader")]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
                                 env={**os.environ, **self.device_env})  # fmt: skip
-        assert result.returncode == 0, _child_error(result.stderr)
+        require(result.returncode == 0, _child_error(result.stderr))
         return result.stdout.strip().splitlines()[-1]
 
     def train_retriever(self) -> str:
@@ -249,10 +354,10 @@ class Run:
                  self.out / "init_retriever", "--output", self.out / f"retriever-{where}",
                  "--state-dir", self.out / f"state-retriever-{where}", env=env)  # fmt: skip
             losses[where] = _losses(self.out / f"retriever-{where}")
-        assert all(x == x for x in losses["device"]), losses["device"]
+        require(all(x == x for x in losses["device"]), f"device losses {losses['device']}")
         worst = max(abs(a - b) / abs(b) for a, b in zip(losses["device"][:3], losses["cpu"][:3],
                                                         strict=True))  # fmt: skip
-        assert worst <= 1e-3, (losses["device"][:3], losses["cpu"][:3])
+        require(worst <= 1e-3, f"first losses {losses['device'][:3]}, CPU's {losses['cpu'][:3]}")
         return f"{len(losses['device'])} steps, first losses within {worst:.1e} of the CPU's"
 
     def acceleration_speed(self) -> str:
@@ -263,7 +368,7 @@ class Run:
                    "--device", self.device, *(["--options", *options] if options else [])]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900,
                                 env={**os.environ, **self.device_env})  # fmt: skip
-        assert result.returncode == 0, _child_error(result.stderr)
+        require(result.returncode == 0, _child_error(result.stderr))
         (self.out / "acceleration_speed.txt").write_text(result.stdout)
         return f"table in {self.out / 'acceleration_speed.txt'}"
 
@@ -273,14 +378,14 @@ class Run:
                                  str(profile)],
                                 capture_output=True, text=True, cwd=ROOT, timeout=900,
                                 env={**os.environ, **self.device_env})  # fmt: skip
-        assert result.returncode == 0, _child_error(result.stderr)
+        require(result.returncode == 0, _child_error(result.stderr))
         figures = json.loads(result.stdout.strip().splitlines()[-1])
         peak = next((v for k, v in PEAK_BF16.items() if k in figures["device_name"]), None)
         achieved = figures["flops"] / figures["step_s"]
         if peak is None:
             return f"{achieved / 1e12:.3f} TFLOP/s ({figures['device_name']}: no bf16 peak known)"
         mfu = achieved / peak
-        assert mfu >= 0.40, f"MFU {mfu:.1%} < 40% ({achieved / 1e12:.1f} TFLOP/s)"
+        require(mfu >= 0.40, f"MFU {mfu:.1%} < 40% ({achieved / 1e12:.1f} TFLOP/s)")
         return f"MFU {mfu:.1%}: {achieved / 1e12:.1f} of {peak / 1e12:.0f} TFLOP/s"
 
     def oom(self) -> str:
@@ -289,10 +394,12 @@ class Run:
     def _measured_fid(self, name: str, fraction: float, *args, env=None) -> tuple[int, str]:
         """(peak bytes allocated on the device, stderr) of `fid ARGS` under a memory cap."""
         peak = self.out / f"{name}.peak"
-        command = [sys.executable, "-c", _MEASURED_FID, str(fraction), str(peak), *map(str, args)]
+        script = _script(_MEASURED_FID)
+        command = [sys.executable, "-c", script, str(fraction), str(peak), *map(str, args)]
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
                                 env={**os.environ, **self.device_env, **(env or {})})  # fmt: skip
-        assert result.returncode == 0, f"{name}: exit {result.returncode}\n{result.stderr[-2000:]}"
+        require(result.returncode == 0,
+                f"{name}: exit {result.returncode}\n{result.stderr[-2000:]}")  # fmt: skip
         return int(peak.read_text()), result.stderr
 
     def _oom_reader(self) -> Path:
@@ -323,7 +430,7 @@ class Run:
         while full - half < 64 * 2**20 and batch < 1024:
             batch, half = 2 * batch, full
             full = run(f"full{batch}", batch)[0]
-        assert full - half >= 64 * 2**20, f"peaks {full / 2**20:.0f}, {half / 2**20:.0f} MiB"
+        require(full - half >= 64 * 2**20, f"peaks {full / 2**20:.0f}, {half / 2**20:.0f} MiB")
         fraction = (full + half) / 2 / torch.cuda.get_device_properties(0).total_memory
         return batch, f"full{batch}", run("capped", batch, fraction)[1]
 
@@ -344,11 +451,11 @@ class Run:
         batch, reference, log = self._split_run(train, 8 if self.small else 64, 128)
         lowered = re.findall(r"out of memory in a micro-batch of (\d+) tokens \(rank 0\); the "
                              r"micro-batch token limit goes from (\w+) to (\d+)", log)  # fmt: skip
-        assert lowered, f"no out-of-memory error was recovered:\n{log[-2000:]}"
+        require(lowered, f"no out-of-memory error was recovered:\n{log[-2000:]}")
         want = load_file(self.out / f"oom-{reference}" / "model.safetensors")
         got = load_file(self.out / "oom-capped" / "model.safetensors")
         worst = max(float((got[k] - want[k]).abs().max()) for k in want)
-        assert worst <= 1e-5, f"parameters after 3 steps differ by {worst:.1e}"
+        require(worst <= 1e-5, f"parameters after 3 steps differ by {worst:.1e}")
         return (f"batch {batch}: {len(lowered)} split(s), token limit {lowered[0][1]} -> "
                 f"{lowered[-1][2]}, parameters within {worst:.1e} of the unsplit run's")  # fmt: skip
 
@@ -364,7 +471,7 @@ class Run:
         batch, reference, log = self._split_run(score, 16 if self.small else 256, 128)
         lowered = re.findall(r"out of memory in a batch of (\d+) .*?; the batch size goes from "
                              r"(\d+) to (\d+)", log)  # fmt: skip
-        assert lowered, f"no out-of-memory error was recovered:\n{log[-2000:]}"
+        require(lowered, f"no out-of-memory error was recovered:\n{log[-2000:]}")
 
         def scores(name):
             records = json.loads((self.out / f"oom-score-{name}.json").read_text())
@@ -372,7 +479,7 @@ class Run:
 
         want, got = scores(reference), scores("capped")
         worst = max(abs(a - b) for a, b in zip(want, got, strict=True))
-        assert worst <= 1e-5, f"scores differ by {worst:.1e}"
+        require(worst <= 1e-5, f"scores differ by {worst:.1e}")
         return (f"batch {batch}: size {lowered[0][1]} -> {lowered[-1][2]}, {len(want)} scores "
                 f"within {worst:.1e} of the unsplit run's")  # fmt: skip
 
@@ -386,12 +493,12 @@ class Run:
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900,
                                 env={**os.environ, **self.device_env})  # fmt: skip
         (self.out / "memory_plan.txt").write_text(result.stdout + result.stderr[-3000:])
-        assert result.returncode == 0, _child_error(result.stderr)
+        require(result.returncode == 0, _child_error(result.stderr))
         worst = max(json.loads(rows.read_text()), key=lambda row: abs(row["error"]))
         detail = (f"worst error {worst['error']:+.1%} ({worst['model']} {worst['passages']} "
                   f"passages, checkpointing {worst['checkpointing']}); table in {rows.name}")  # fmt: skip
         if self.cuda:
-            assert abs(worst["error"]) <= 0.10, detail
+            require(abs(worst["error"]) <= 0.10, detail)
         return detail
 
 
@@ -399,6 +506,7 @@ class Run:
 # sharding of the reader (every block its own unit) through a forward, backward, step and export.
 _PROCESS_GROUP = """
 import sys, torch
+from gpu_check import require
 from fid.runtime import distributed
 from fid.runtime.launcher import init_from_env
 import torch.distributed as dist
@@ -408,10 +516,11 @@ if not dist.is_initialized():  # one rank: fid starts no group by itself
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 backend = dist.get_backend()
 world = dist.get_world_size()
-assert distributed.all_gather_objects({"x": 1}) == [{"x": 1}] * world
-assert distributed.broadcast_object(3) == 3
-assert distributed.sum_over_ranks([2.0], device) == [2.0 * world]
-assert distributed.any_rank(True, device) and not distributed.main_rank_flag(False, device)
+require(distributed.all_gather_objects({"x": 1}) == [{"x": 1}] * world, "all_gather_objects")
+require(distributed.broadcast_object(3) == 3, "broadcast_object")
+require(distributed.sum_over_ranks([2.0], device) == [2.0 * world], "sum_over_ranks")
+require(distributed.any_rank(True, device) and not distributed.main_rank_flag(False, device),
+        "any_rank / main_rank_flag")
 distributed.barrier()
 import tempfile
 from pathlib import Path
@@ -436,7 +545,8 @@ build_optimizer(reader, 1e-3, 0.01).step()  # fid's groups: shards and replicate
 export = Path(distributed.broadcast_object(tempfile.mkdtemp() if distributed.is_main() else None))
 export_weights_from_shards(reader.t5, export)  # each rank its shards, rank 0 assembles the file
 full = load_file(export / "model.safetensors") if distributed.is_main() else {"-": torch.zeros(1)}
-assert full and all(torch.isfinite(v).all() for v in full.values())
+require(full and all(torch.isfinite(v).all() for v in full.values()),
+        "the exported weights are missing or not finite")
 dist.destroy_process_group()
 print(f"{backend}, {world} ranks: collectives ok; FSDP ({len(units)} units) step, loss {float(loss):.3f}, "
       f"grad norm {float(norm):.3f}, exported {len(full)} tensors")
@@ -495,16 +605,18 @@ name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 print(json.dumps({"step_s": step_s, "flops": flops, "device_name": name}))
 """
 
-# `fid` under a capped CUDA caching allocator (fraction 0: no cap), max_memory_allocated
-# written to a file at exit: argv FRACTION PEAK_FILE FID_ARGS...
+# `fid` under a capped CUDA caching allocator (fraction 0: no cap), the process's peak of
+# memory allocated (ProcessPeak: kept across the training log's resets; installed before fid
+# is imported) written to a file at exit: argv FRACTION PEAK_FILE FID_ARGS...
 _MEASURED_FID = """
 import atexit, sys, torch
+from gpu_check import ProcessPeak
 fraction, peak_file = float(sys.argv[1]), sys.argv[2]
-if fraction and torch.cuda.is_available():
+peak = ProcessPeak(torch.cuda) if torch.cuda.is_available() else None
+if fraction and peak is not None:
     torch.cuda.set_per_process_memory_fraction(fraction)
 def _write_peak():
-    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
-    open(peak_file, "w").write(str(peak))
+    open(peak_file, "w").write(str(peak.bytes() if peak is not None else 0))
 atexit.register(_write_peak)
 from fid.cli import command
 sys.argv = ["fid", "--threads", "1", *sys.argv[3:]]
