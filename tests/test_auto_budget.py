@@ -147,3 +147,18 @@ def test_every_later_start_keeps_the_first_choice_and_resume_stays_bitwise(
     one, other = (load_file(tmp_path / n / "model" / "model.safetensors") for n in ("straight",
                                                                                  "killed"))  # fmt: skip
     assert one.keys() == other.keys() and all(one[k].equal(other[k]) for k in one)
+
+
+def test_each_rank_plans_its_own_gpus_free_memory(monkeypatch):
+    """One GPU a task (srun --gpus-per-task=1): each rank sees one GPU and SLURM says 4 tasks on
+    the node; the plan divided the GPU's free memory by 4 (review of issue 43). One rank a GPU
+    is enforced (distributed.setup), so a rank has its GPU's free memory to itself."""
+    import torch
+
+    monkeypatch.delenv("FID_AVAILABLE_MEMORY", raising=False)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (80 << 30, 80 << 30))
+    memory, where = available_memory(torch.device("cuda", 0))
+    assert (memory, where) == (80 << 30, "free on cuda:0")

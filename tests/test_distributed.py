@@ -421,3 +421,20 @@ def test_compact_lists_scored_on_2_ranks_equal_fid_json_in_one_process(
         assert [c["reader_score"] for c in b["ctxs"]] == pytest.approx(
             [c["reader_score"] for c in a["ctxs"]], abs=1e-5, nan_ok=True
         )
+
+
+def test_collectives_wait_past_a_long_checkpoint_write_and_the_wait_is_configurable(monkeypatch):
+    """The ranks wait in a barrier while rank 0 alone writes, checksums or exports tens of GB
+    (t5-3b, t5-11b on a shared file system): at the old 600 s the waiting ranks were aborted
+    and every rerun failed at the same export (review of issue 43). 30 minutes by default,
+    FID_COLLECTIVE_TIMEOUT_S otherwise, a bad value one clear error."""
+    from fid.runtime.distributed import DistributedError, collective_timeout_s
+
+    monkeypatch.delenv("FID_COLLECTIVE_TIMEOUT_S", raising=False)
+    assert collective_timeout_s() == 1800
+    monkeypatch.setenv("FID_COLLECTIVE_TIMEOUT_S", "7200")
+    assert collective_timeout_s() == 7200
+    for bad in ("0", "ten", "-5", "1.5"):
+        monkeypatch.setenv("FID_COLLECTIVE_TIMEOUT_S", bad)
+        with pytest.raises(DistributedError, match="FID_COLLECTIVE_TIMEOUT_S"):
+            collective_timeout_s()

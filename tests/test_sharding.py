@@ -236,3 +236,41 @@ def test_each_block_is_gathered_once_per_forward_backward_and_generation(tiny_mo
         decoder_units = r["units"] - r["encoder_units"]
         assert r["tokens"] >= 2, "generation must run several tokens for this test to mean it"
         assert r["plain_generation"] >= r["encoder_units"] + decoder_units * r["tokens"], r
+
+
+def test_autocast_keeps_no_bf16_copy_of_the_sharded_blocks(one_rank_group):
+    """Autocast keeps its bf16 copy of each leaf fp32 weight until the context exits, and an
+    FSDP unit's gathered weights are leaves: under the run's one autocast context a forward
+    ended holding a bf16 copy of every block (half the model's fp32 bytes a rank, ~22 GB for
+    t5-11b), a dev evaluation throughout (review of issue 43). The run's context for a sharded
+    model keeps none (fid.runtime.precision.autocast(sharded=True))."""
+    import re
+
+    from torch import nn
+
+    from fid.runtime.heap import return_freed_memory
+    from fid.runtime.precision import autocast
+
+    return_freed_memory()  # as every fid command: freed blocks leave the resident size
+
+    def rss_mb() -> float:
+        with open("/proc/self/status") as status:
+            return int(re.search(r"VmRSS:\s+(\d+)", status.read()).group(1)) / 1024
+
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Linear(2048, 2048, bias=False) for _ in range(8))
+    sharding.shard(blocks, list(blocks))
+    copies_mb = 8 * 2048 * 2048 * 2 / 2**20  # 64 MB of bf16 weights
+    x = torch.randn(4, 2048)
+
+    def growth(sharded: bool) -> float:
+        with torch.no_grad(), autocast(torch.device("cpu"), "bf16", sharded):
+            before = rss_mb()
+            h = x
+            for block in blocks:
+                h = block(h)
+            return rss_mb() - before
+
+    growth(False), growth(True)  # warm-up: the allocator's pools, the kernels
+    assert growth(False) > 0.8 * copies_mb  # what the cache holds: every block's copy
+    assert growth(True) < 0.2 * copies_mb

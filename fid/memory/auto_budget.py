@@ -39,7 +39,6 @@ from fid.memory.plan import (
 )
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
-from fid.runtime.gpus import visible_gpus
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +88,10 @@ def available_memory(device: torch.device) -> tuple[int, str]:
     if os.environ.get(MEMORY_ENV):
         return parse_size(os.environ[MEMORY_ENV], MEMORY_ENV), f"{MEMORY_ENV}"
     if device.type == "cuda":
+        # One rank a GPU (distributed.setup refuses two on one): each rank has its GPU's free
+        # memory to itself, however many GPUs it sees (one with --gpus-per-task=1).
         free, _ = torch.cuda.mem_get_info(device)
-        sharing = max(1, math.ceil(ranks_here / max(1, visible_gpus())))
-        return free // sharing, f"free on {device}" + (f" / {sharing} ranks" if sharing > 1 else "")
+        return free, f"free on {device}"
     available = psutil.virtual_memory().available
     return available // max(1, ranks_here), "available RAM" + (
         f" / {ranks_here} ranks" if ranks_here > 1 else ""

@@ -86,6 +86,9 @@ class StepRun:
     # FSDP with fsdp_gradient_sync: last_micro_batch: those held gradients are unsharded
     unsharded_gradients_held: bool = False
     encoder_buckets: int = 8  # FiDReader encodes the passages in this many groups
+    # FSDP over several ranks: the encoder runs block by block over the groups
+    # (fid.models.bucketed_encoder), else group by group
+    blocks_sharded: bool = False
     light_tokens: int | None = None  # FiD-Light: the decoder reads k tokens a passage
     cross_attention_every: int | None = None  # FiDO: cross-attention in every K-th layer
 
@@ -110,12 +113,18 @@ class StepTrace:
 
 
 def fused_encoder_states(
-    t5: torch.nn.Module, rows: int, L: int, k: int, buckets: int, tracker: MemTracker | None = None
+    t5: torch.nn.Module,
+    rows: int,
+    L: int,
+    k: int,
+    buckets: int,
+    tracker: MemTracker | None = None,
+    block_by_block: bool = False,
 ) -> tuple[torch.Tensor, int | None]:
     """FiDReader.encode at full length, as it makes its tensors: the `rows` passages (questions
-    x passages) of L tokens in `buckets` groups, block by block over all groups
-    (fid.models.bucketed_encoder; the recomputation of a checkpointed block holds one bucket's
-    activations), each group's first k tokens picked out (a copy; its backward
+    x passages) of L tokens in `buckets` groups, one after the other or, `block_by_block` (an
+    FSDP-sharded reader), each block over all groups (fid.models.bucketed_encoder; the
+    recomputation of a checkpointed block holds one bucket's activations), each group's first k tokens picked out (a copy; its backward
     keeps the row and position of each), concatenated (rows * k, D) and scattered into the
     fused sequence: two copies. Training and inference plans trace it alike.
 
@@ -133,8 +142,9 @@ def fused_encoder_states(
         inputs.append((ids, None if len(group) == 1 else torch.ones_like(ids)))
     if not hasattr(t5.encoder.block[0], BUCKETS_METHOD):
         attach_bucket_forward(t5.encoder)
+    states = encode_buckets(t5.encoder, inputs, block_by_block)
     parts = []
-    for group, hidden in zip(groups, encode_buckets(t5.encoder, inputs), strict=True):
+    for group, hidden in zip(groups, states, strict=True):
         kept = hidden[:, :k].reshape(len(group) * k, -1)  # hidden: (group, L, D)
         row_and_position = torch.arange(len(group) * k * 2).view(2, -1)
         parts.append(kept.index_select(0, row_and_position[0] % (len(group) * k)))
@@ -159,7 +169,7 @@ def trace_reader_step(config: PretrainedConfig, shape: StepShape, run: StepRun) 
 
         def forward(tracker: MemTracker) -> tuple[torch.Tensor, int]:
             fused, encoder_bytes = fused_encoder_states(t5, B * N, L, k, run.encoder_buckets,
-                                                        tracker)  # fmt: skip
+                                                        tracker, run.blocks_sharded)  # fmt: skip
             loss = t5(
                 encoder_outputs=BaseModelOutput(last_hidden_state=fused.view(B, N * k, -1)),
                 attention_mask=torch.ones(B, N * k, dtype=torch.long),

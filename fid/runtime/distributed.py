@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
 import socket
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -37,13 +38,35 @@ from fid.runtime.launcher import (  # noqa: F401
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-DEFAULT_TIMEOUT_S = 600
+# How long a collective waits for the slowest rank. The ranks wait in a barrier while rank 0
+# alone writes and checksums a checkpoint, exports best_dev or merges weight shards: for t5-3b
+# and t5-11b that is tens of GB on a shared file system, past torch's NCCL default of 10
+# minutes (at 600 s the waiting ranks were aborted and the run killed, and every rerun failed
+# at the same export). 30 minutes, torch's own default for gloo; FID_COLLECTIVE_TIMEOUT_S sets
+# it (a longer file system, or a quicker end for a rank that died).
+DEFAULT_TIMEOUT_S = 1800
+TIMEOUT_ENV = "FID_COLLECTIVE_TIMEOUT_S"
 
 
-def setup(info: DistInfo, timeout_s: int = DEFAULT_TIMEOUT_S) -> torch.device:
+def collective_timeout_s() -> int:
+    """FID_COLLECTIVE_TIMEOUT_S, else DEFAULT_TIMEOUT_S.
+
+    Raises:
+        DistributedError: a value that is not a whole number of seconds >= 1.
+    """
+    value = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not value:
+        return DEFAULT_TIMEOUT_S
+    if not value.isdigit() or int(value) < 1:
+        raise DistributedError(f"{TIMEOUT_ENV}={value!r}: expected whole seconds >= 1")
+    return int(value)
+
+
+def setup(info: DistInfo, timeout_s: int | None = None) -> torch.device:
     """Starts the process group (when distributed) and returns this rank's device.
 
-    A rank that dies makes the others' collectives fail after `timeout_s` instead of hanging.
+    A rank that dies makes the others' collectives fail after `timeout_s` (None:
+    collective_timeout_s()) instead of hanging.
     On a GPU the group is bound to the rank's device (`device_id`), before any collective.
 
     Raises:
@@ -59,7 +82,7 @@ def setup(info: DistInfo, timeout_s: int = DEFAULT_TIMEOUT_S) -> torch.device:
             init_method=f"tcp://{info.master_addr}:{info.master_port}",
             rank=info.rank,
             world_size=info.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=datetime.timedelta(seconds=timeout_s or collective_timeout_s()),
             device_id=device if device.type == "cuda" else None,
         )
         logger.info(

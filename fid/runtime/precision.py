@@ -83,8 +83,14 @@ def _warn_slow_bf16() -> None:
     )
 
 
-def autocast(device: torch.device, precision: str):
+def autocast(device: torch.device, precision: str, sharded: bool = False):
     """The mixed-precision context of a precision setting ("auto", "fp32", "bf16", "fp16").
+
+    `sharded`: the model's blocks are FSDP units. Autocast keeps its low-precision copy of each
+    leaf fp32 weight until the context exits, and a unit's gathered weights are leaves: a
+    forward then ended holding a bf16 copy of every sharded block (half the model's fp32
+    bytes on every rank, for t5-11b ~22 GB), and a dev evaluation held it throughout. No cast
+    is kept then: each use casts again (a checkpointed block's recompute, a decoder token).
 
     Raises:
         ValueError: fp16 on a device other than CUDA.
@@ -97,7 +103,7 @@ def autocast(device: torch.device, precision: str):
     if precision == "bf16" and device.type == "cpu" and not cpu_computes_bf16():
         _warn_slow_bf16()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=not sharded)
 
 
 def deterministic_kernels() -> None:

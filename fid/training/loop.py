@@ -111,7 +111,9 @@ class _Run:
                  device: torch.device, precision: str, config_record: dict):  # fmt: skip
         self.task, self.cfg, self.state_dir, self.device = task, cfg, state_dir, device
         self.rank, self.world_size = distributed.world()
-        self.amp = autocast(device, precision)  # validates precision before any work
+        sharded = getattr(cfg, "sharding", "ddp") == "fsdp" and self.world_size > 1
+        # validates precision before any work; FSDP: no weight casts kept (precision.autocast)
+        self.amp = autocast(device, precision, sharded)
         if cfg.deterministic:
             deterministic_kernels()
         self.layout = StepLayout.of(task, cfg, self.world_size)  # before the optimizer

@@ -441,6 +441,10 @@ def train_retriever(
     ):
         raise DataError(f"{dev_path}: select_on {cfg.select_on} needs dev questions with answers")
     logger.info("%d training and %d dev questions", len(train), len(dev))
+    # A projection head new to this model is initialised from torch's global generator: seeded
+    # first, so that the same seed starts from the same weights (a run stopped before its
+    # first checkpoint restarts from them: bitwise resume); the loop seeds again for dropout.
+    torch.manual_seed(cfg.seed)
     model, tokenizer = DualEncoder.from_pretrained(init_model, trained_spec(cfg))
     # What the exported folder records: the structure (checked when continuing a saved
     # retriever) and the lengths it is trained with now.
