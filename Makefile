@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo reader-demo slurm-profile test lint bench clean
+.PHONY: setup demo reader-demo slurm-profile test test-lowest-torch lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +42,12 @@ test: setup
 	# subprocesses; a file stays in one worker (module fixtures are built once), the longest
 	# files first (tests/conftest.py).
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+
+# The torch-sensitive tests under pyproject.toml's lowest torch (2.11; `test` runs $(TORCH)):
+# .ci/lowest_torch.py puts PyPI's torch 2.11 (CUDA build, ~2.6 GB) once into ~/.cache/fid, then
+# runs its test files with it first on PYTHONPATH (~5 minutes on 2 cores).
+test-lowest-torch: setup
+	$(BIN)/python .ci/lowest_torch.py
 
 bench: setup
 	$(BIN)/python benchmarks/reader_speed.py
