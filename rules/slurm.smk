@@ -4,7 +4,8 @@
   before their time limit (sbatch --signal=USR1@N, sent to the job's steps, the fid ranks:
   not B:, which would reach only the batch shell, Snakemake's job step, and kill it); fid
   stops at the end of its step with a checkpoint and, with `requeue_on_stop` (the default),
-  requeues its own job, which starts again with a fresh time limit and resumes.
+  requeues its own job, which starts again with a fresh time limit and resumes (at most
+  `max_requeues` times, and never after a SIGTERM: scancel, preemption, the limit itself).
 - Every job's SLURM log is appended to (--open-mode=append): a requeued job keeps its first
   attempt's output.
 - Config-time checks of the SLURM keys (the plugin's own rules for slurm_extra, one rank per
@@ -30,13 +31,19 @@ SLURM_EXTRA_OWNED = {
     "--signal": "signal_lead_s",
     "--open-mode": "(set by the workflow: logs are appended)",
 }
-WORKFLOW_ONLY_KEYS = ("threads", "processes", "signal_lead_s", "requeue_on_stop")
+WORKFLOW_ONLY_KEYS = (
+    "threads",
+    "processes",
+    "signal_lead_s",
+    "requeue_on_stop",
+    "max_requeues",
+)
 
 
 def check_slurm_keys(rule_name, spec, merged):
     """One rule's SLURM keys (`spec` its own entry, `merged` over resources.default)."""
     key = f"resources.{rule_name}"
-    for flag in ("signal_lead_s", "requeue_on_stop"):
+    for flag in ("signal_lead_s", "requeue_on_stop", "max_requeues"):
         if flag in spec and rule_name not in (*TRAINING_RULES, "default"):
             fail(f"{key}.{flag}", "only training jobs stop on a signal", "remove it")
         if flag in spec and rule_name in TRAINING_RULES and "mpi" not in merged:
@@ -115,8 +122,12 @@ def srun_exports(rule_name):
     lead = signal_lead(rule_name)
     if not lead:
         return ""
-    requeue = int(_resources(rule_name).get("requeue_on_stop", True))
-    return f" --export=ALL,FID_SIGNAL_LEAD_S={lead},FID_SLURM_REQUEUE={requeue}"
+    r = _resources(rule_name)
+    requeue = int(r.get("requeue_on_stop", True))
+    exports = f" --export=ALL,FID_SIGNAL_LEAD_S={lead},FID_SLURM_REQUEUE={requeue}"
+    if "max_requeues" in r:  # else fid's own bound (fid.runtime.slurm_job)
+        exports += f",FID_SLURM_MAX_REQUEUES={r['max_requeues']}"
+    return exports
 
 
 def check_layouts_against_partitions():

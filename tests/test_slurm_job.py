@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import stat
 
 import pytest
@@ -103,11 +104,21 @@ def test_the_job_says_which_slurm_job_it_is(monkeypatch):
     assert slurm_job.signal_lead_s() is None
 
 
-def _fake_scontrol(folder, status):
+def _fake_scontrol(folder, status, state="RUNNING", restarts=0):
+    """scontrol on PATH: `show job` answers with the job's state and restarts; `requeue`
+    exits `status` (saying "nope" on stderr); every call is written to `calls`."""
     script = folder / "scontrol"
-    script.write_text(f'#!/bin/sh\necho "$@" >> "{folder}/calls"\necho nope >&2\nexit {status}\n')
+    script.write_text(f"""#!/bin/sh
+echo "$@" >> "{folder}/calls"
+if [ "$1" = show ]; then echo "JobId=77 JobName=x JobState={state} Reason=None Restarts={restarts}"; exit 0; fi
+echo nope >&2
+exit {status}
+""")  # fmt: skip
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return folder / "calls"
+
+
+USR1, TERM = frozenset({signal.SIGUSR1}), frozenset({signal.SIGTERM})
 
 
 @pytest.mark.parametrize(
@@ -118,11 +129,69 @@ def test_rank_0_requeues_only_when_asked(tmp_path, monkeypatch, caplog, asked, s
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv(slurm_job.REQUEUE_ENV, asked)
-    assert slurm_job.requeue_after_stop(is_main=False) is False
-    assert slurm_job.requeue_after_stop(is_main=True) is requeued
-    assert (calls.read_text() if calls.exists() else "") == ("requeue 77\n" if asked == "1" else "")
+    assert slurm_job.requeue_after_stop(False, USR1, steps=3) is False
+    assert slurm_job.requeue_after_stop(True, USR1, steps=3) is requeued
+    expected = "show job -o 77\nrequeue 77\n" if asked == "1" else ""
+    assert (calls.read_text() if calls.exists() else "") == expected
     if status:
         assert "scontrol requeue 77 failed: nope" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "signals, steps, state, restarts, said",
+    [
+        (TERM, 3, "RUNNING", 0, "stopped by SIGTERM (scancel"),  # a cancel, a preemption
+        (USR1 | TERM, 3, "RUNNING", 0, "stopped by SIGTERM"),  # cancelled after the warning
+        (USR1, 0, "RUNNING", 0, "this start trained 0 s (0 steps) before its stop signal"),
+        (USR1, 3, "CANCELLED", 0, "SLURM job 77 is CANCELLED: not requeued"),
+        (USR1, 3, "RUNNING", 20, "requeued 20 times already (max_requeues 20)"),
+    ],
+)
+def test_a_cancel_a_stop_without_progress_and_too_many_requeues_do_not_requeue(
+    tmp_path, monkeypatch, caplog, signals, steps, state, restarts, said
+):
+    """Issue 45.1/45.2: fid requeued after any stop, so a plain `scancel` (SIGTERM) put the
+    job back to PENDING, and a job whose signal came before its first step requeued forever.
+    Only the time-limit warning (SIGUSR1) of a start that made progress, in a job still
+    RUNNING and requeued fewer than max_requeues times, requeues; each refusal says why."""
+    calls = _fake_scontrol(tmp_path, 0, state, restarts)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv(slurm_job.REQUEUE_ENV, "1")
+    monkeypatch.delenv(slurm_job.MAX_REQUEUES_ENV, raising=False)
+    with caplog.at_level(logging.WARNING):
+        assert slurm_job.requeue_after_stop(True, signals, steps) is False
+    assert said in caplog.text
+    assert "requeue 77" not in (calls.read_text() if calls.exists() else "")
+
+
+def test_max_requeues_comes_from_the_workflow(tmp_path, monkeypatch):
+    _fake_scontrol(tmp_path, 0, restarts=3)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv(slurm_job.REQUEUE_ENV, "1")
+    monkeypatch.setenv(slurm_job.MAX_REQUEUES_ENV, "3")
+    assert slurm_job.requeue_after_stop(True, USR1, steps=1) is False
+    monkeypatch.setenv(slurm_job.MAX_REQUEUES_ENV, "4")
+    assert slurm_job.requeue_after_stop(True, USR1, steps=1) is True
+
+
+def test_a_start_that_trained_less_than_the_signal_lead_does_not_requeue(
+    tmp_path, monkeypatch, caplog
+):
+    """The signal's lead is what each start spends stopping: a start that trained less (a lead
+    close to the runtime, a slow start; the loop always makes a step first) would requeue again
+    and again with a step or two each time (issue 45.2)."""
+    _fake_scontrol(tmp_path, 0)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv(slurm_job.REQUEUE_ENV, "1")
+    monkeypatch.setenv(slurm_job.SIGNAL_LEAD_ENV, "600")
+    assert slurm_job.requeue_after_stop(True, USR1, steps=2, trained_s=40.0) is False
+    assert "this start trained 40 s (2 steps) before its stop signal, less than the 600 s" in (
+        caplog.text
+    )
+    assert slurm_job.requeue_after_stop(True, USR1, steps=900, trained_s=7200.0) is True
 
 
 def test_a_workflow_log_gets_the_earlier_starts(tmp_path):

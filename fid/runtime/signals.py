@@ -12,7 +12,26 @@ import threading
 
 class Preempted(Exception):
     """Training stopped on SIGUSR1/SIGTERM after writing a complete checkpoint; rerun to resume.
-    (Here, not beside the loop, so that the command can catch it without importing torch.)"""
+    (Here, not beside the loop, so that the command can catch it without importing torch.)
+
+    Attributes:
+        signals: the stop signals this process received (SIGUSR1: SLURM's time-limit warning;
+            SIGTERM: a cancel, a preemption or the time limit itself).
+        steps: the optimizer steps this start of the run made before the stop.
+        trained_s: seconds this start trained, from its first step to the stop.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        signals: frozenset[int] = frozenset(),
+        steps: int = 0,
+        trained_s: float = 0.0,
+    ):
+        super().__init__(message)
+        self.signals = signals
+        self.steps = steps
+        self.trained_s = trained_s
 
 
 class StopSignals:
@@ -29,7 +48,8 @@ class StopSignals:
     SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
     def __init__(self):
-        self.received: int | None = None
+        self.received: int | None = None  # the last one
+        self.every_received: set[int] = set()
         self._depth = 0
         self._previous = {}
         self._ignore_when_released = False
@@ -37,6 +57,7 @@ class StopSignals:
     def __enter__(self):
         if self._depth == 0 and threading.current_thread() is threading.main_thread():
             self.received = None
+            self.every_received = set()
             for number in self.SIGNALS:
                 self._previous[number] = signal.signal(number, self._handle)
         self._depth += 1
@@ -44,6 +65,7 @@ class StopSignals:
 
     def _handle(self, number, frame):
         self.received = number
+        self.every_received.add(number)
 
     def __exit__(self, *exc):
         self._depth -= 1

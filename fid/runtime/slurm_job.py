@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import signal
 import subprocess
 
 logger = logging.getLogger(__name__)
 
 SIGNAL_LEAD_ENV = "FID_SIGNAL_LEAD_S"
 REQUEUE_ENV = "FID_SLURM_REQUEUE"
+MAX_REQUEUES_ENV = "FID_SLURM_MAX_REQUEUES"
+# A 2-day run in 4-hour jobs requeues 11 times: room for that, a bound on a job that stops and
+# requeues without end.
+DEFAULT_MAX_REQUEUES = 20
 
 
 def job_id() -> str | None:
@@ -49,13 +55,68 @@ def signal_lead_s() -> float | None:
     return lead if lead > 0 else None
 
 
-def requeue_after_stop(is_main: bool) -> bool:
+def max_requeues() -> int:
+    """How many times a job may requeue itself (FID_SLURM_MAX_REQUEUES; the workflow exports the
+    rule's `max_requeues`)."""
+    value = os.environ.get(MAX_REQUEUES_ENV, "")
+    try:
+        return int(value) if value else DEFAULT_MAX_REQUEUES
+    except ValueError:
+        logger.warning("%s=%r is not a count: %d used", MAX_REQUEUES_ENV, value,
+                       DEFAULT_MAX_REQUEUES)  # fmt: skip
+        return DEFAULT_MAX_REQUEUES
+
+
+def requeue_after_stop(
+    is_main: bool, signals: frozenset[int] = frozenset(), steps: int = 0, trained_s: float = 0.0
+) -> bool:
     """With FID_SLURM_REQUEUE=1 inside a SLURM job, rank 0 requeues the job after its
     checkpoint is written: SLURM starts it again (the same id, a fresh time limit) and the
     training resumes, without ending the job as failed (which would spend one of Snakemake's
-    retries). True when the job was requeued."""
+    retries). True when the job was requeued.
+
+    Only the time-limit warning requeues (SIGUSR1, `--signal=USR1@LEAD`), never a SIGTERM:
+    `scancel` (a user's, or Snakemake's on Ctrl-C), a preemption (under PreemptMode=REQUEUE
+    SLURM requeues the job itself) and the time limit itself send SIGTERM, and SLURM accepts
+    a requeue of a job being cancelled, which brought a cancelled job back. Nor does a start
+    that trained less than the signal's lead (it spent more of its time stopping than
+    training: a lead close to the runtime, or a slow start, would requeue without end, a step
+    or two each time), a job requeued `max_requeues()` times already, or a job SLURM no longer
+    shows RUNNING. Each refusal is one line in the log; the command then exits non-zero (75),
+    which Snakemake sees as a failure whose retry resumes.
+
+    Args:
+        signals: the stop signals this rank received.
+        steps: optimizer steps this start made; trained_s: seconds it trained.
+    """
     job = job_id()
     if os.environ.get(REQUEUE_ENV) != "1" or job is None or not is_main:
+        return False
+    if signal.SIGTERM in signals or signal.SIGUSR1 not in signals:
+        logger.warning(
+            "SLURM job %s: stopped by SIGTERM (scancel, a preemption or the time limit "
+            "itself), not by the time-limit warning: not requeued, the checkpoint is kept",
+            job,
+        )
+        return False
+    lead = signal_lead_s() or 0.0
+    if steps == 0 or trained_s < lead:
+        logger.error(
+            "SLURM job %s: this start trained %.0f s (%d steps) before its stop signal, less "
+            "than the %.0f s the signal leaves for stopping: not requeued again (each start "
+            "would stop about as soon as it trains); give the job a longer runtime or a "
+            "smaller signal_lead_s", job, trained_s, steps, lead,
+        )  # fmt: skip
+        return False
+    state, restarts = _job_state(job)
+    if state is not None and state != "RUNNING":
+        logger.warning("SLURM job %s is %s: not requeued", job, state)
+        return False
+    if restarts is not None and restarts >= max_requeues():
+        logger.error(
+            "SLURM job %s was requeued %d times already (max_requeues %d): not again; "
+            "Snakemake's retry, or a rerun, resumes it", job, restarts, max_requeues(),
+        )  # fmt: skip
         return False
     try:
         result = subprocess.run(
@@ -69,3 +130,16 @@ def requeue_after_stop(is_main: bool) -> bool:
         return False
     logger.warning("requeued SLURM job %s: it starts again and resumes", job)
     return True
+
+
+def _job_state(job: str) -> tuple[str | None, int | None]:
+    """(JobState, Restarts) as `scontrol show job` tells; None for what it does not."""
+    try:
+        result = subprocess.run(
+            ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    state = re.search(r"\bJobState=(\S+)", result.stdout)
+    restarts = re.search(r"\bRestarts=(\d+)", result.stdout)
+    return (state.group(1) if state else None), (int(restarts.group(1)) if restarts else None)

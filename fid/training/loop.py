@@ -86,6 +86,7 @@ def run_training(
     task.model.train()
     try:
         with STOP_SIGNALS as signals:
+            first_step, started = progress.step, time.monotonic()  # resumed at
             while progress.step < cfg.max_steps:
                 final = run.train_step()
                 run.evaluate_if_due(final)
@@ -95,7 +96,9 @@ def run_training(
                         run.writer.save()
                     logger.warning("stopping at step %d on a signal; the checkpoint is saved",
                                    progress.step)  # fmt: skip
-                    raise Preempted(f"stopped by a signal at step {progress.step}")
+                    raise Preempted(f"stopped by a signal at step {progress.step}",
+                                    frozenset(signals.every_received), progress.step - first_step,
+                                    time.monotonic() - started)  # fmt: skip
     finally:
         gc.unfreeze()  # an in-process caller's later garbage is its own again
         run.close()

@@ -422,6 +422,54 @@ exit $status
             assert torch.equal(got[which][name], tensor), f"{which}: {name}"
 
 
+def test_scancel_ends_a_training_job_checkpointed_and_not_requeued(slurm, straight, tmp_path):
+    """Issue 45.1: `scancel JOB` (a user's, or the SLURM plugin's on Snakemake's Ctrl-C) sends
+    SIGTERM to the job's tasks. fid treated it as the time-limit warning and rank 0 requeued
+    the job, which SLURM accepted: the cancelled job came back PENDING. Submitted as the
+    workflow submits its training jobs (`--signal=USR1@LEAD`, `--requeue`, FID_SLURM_REQUEUE=1
+    to the ranks), the job now ends CANCELLED and stays ended; fid checkpointed before it
+    exited and said why it did not requeue; a rerun resumes to the uninterrupted run's weights."""
+    training, expected = straight
+    output, state, log = tmp_path / "model", tmp_path / "state", tmp_path / "job.out"
+    exports = "--export=ALL,FID_SIGNAL_LEAD_S=60,FID_SLURM_REQUEUE=1"
+    script = _script(tmp_path / "job.sh", f"""
+srun --ntasks=1 --cpus-per-task=1 {exports} {_fid(*training.args(output, state))}
+echo "fid exit status $?"
+""")  # fmt: skip
+    job = slurm.sbatch(
+        script,
+        ["--ntasks=1", "--cpus-per-task=1", "--requeue", "--open-mode=append", "--time=15",
+         "--signal=USR1@60", "--job-name=fid-scancel", f"--output={log}",
+         f"--chdir={tmp_path}"],
+    )  # fmt: skip
+
+    def training_under_way() -> bool:
+        info = slurm.job(job)
+        assert info["JobState"] in ("PENDING", "RUNNING"), (info, log.read_text()[-3000:])
+        metrics = state / "metrics.jsonl"
+        return metrics.exists() and '"kind": "train"' in metrics.read_text()
+
+    _wait_for(training_under_way, 300, f"job {job} to log its first training steps")
+    slurm.run("scancel", job)
+    info = slurm.wait_ended(job, 120, log)
+    time.sleep(5)  # a requeue by the job's own rank 0 would show by now
+    info = slurm.job(job)
+    run_log = (state / "train.log").read_text()
+    assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), f"{info}\n{run_log[-3000:]}"
+    assert "stopping at step" in run_log, "fid did not checkpoint on scancel's SIGTERM"
+    assert "not by the time-limit warning: not requeued, the checkpoint is kept" in run_log
+    assert f"requeued SLURM job {job}" not in run_log
+    rerun = subprocess.run([PYTHON, "-m", "fid", "--threads", "1",
+                            *map(str, training.args(output, state))],
+                           env=clean_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resumed from" in (state / "train.log").read_text()
+    got = training.weights(output, state)
+    for which, tensors in expected.items():
+        for name, tensor in tensors.items():
+            assert torch.equal(got[which][name], tensor), f"{which}: {name}"
+
+
 def test_the_time_limit_signal_checkpoints_a_step_longer_than_killwait(
     slurm, tmp_path, tiny_model_dir, toy_records
 ):

@@ -109,7 +109,7 @@ def test_gpu_layout_per_rule(tmp_path, name):
             for key, value in want.items():
                 if key == "threads":
                     assert job["threads"] == value, (rule, job)
-                elif key in ("signal_lead_s", "requeue_on_stop"):  # the workflow's, not sbatch's
+                elif key in ("signal_lead_s", "requeue_on_stop", "max_requeues"):  # the workflow's
                     assert key not in job["resources"], (rule, key)
                 else:
                     assert job["resources"][key] == str(value), (rule, key, job["resources"])
@@ -355,7 +355,8 @@ def test_sbatch_and_srun_lines_carry_the_site_keys_and_the_stop_signal(tmp_path)
     config = yaml.safe_load((ROOT / "config" / "nq.yaml").read_text())
     config["resources"]["train_reader"].update(
         qos="long", slurm_account="proj42", gres="gpu:h100.80gb:8", signal_lead_s=900,
-        requeue_on_stop=False, mem_mb=480000,  # explicit: the plan's request would be <TBD>
+        requeue_on_stop=False, max_requeues=5,
+        mem_mb=480000,  # explicit: the plan's request would be <TBD>
     )  # fmt: skip
     path = tmp_path / "nq.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -369,7 +370,8 @@ def test_sbatch_and_srun_lines_carry_the_site_keys_and_the_stop_signal(tmp_path)
         assert f" {option}" in f"{line} ", (option, line)
     assert train["resources"]["slurm_account"] == "proj42"
     assert "--gpus-per-task" not in train["shell"]
-    assert " --export=ALL,FID_SIGNAL_LEAD_S=900,FID_SLURM_REQUEUE=0 fid " in train["shell"]
+    assert (" --export=ALL,FID_SIGNAL_LEAD_S=900,FID_SLURM_REQUEUE=0,FID_SLURM_MAX_REQUEUES=5 "
+            "fid ") in train["shell"]  # fmt: skip
     # a rule that is no training job gets no signal; every job appends to its SLURM log
     score = next(j for j in jobs if j["rule"] == "score_passages")
     assert "--signal" not in sbatch_line(score) and "--open-mode=append" in sbatch_line(score)
