@@ -242,8 +242,8 @@ def test_autocast_keeps_no_bf16_copy_of_the_sharded_blocks(one_rank_group):
     """Autocast keeps its bf16 copy of each leaf fp32 weight until the context exits, and an
     FSDP unit's gathered weights are leaves: under the run's one autocast context a forward
     ended holding a bf16 copy of every block (half the model's fp32 bytes a rank, ~22 GB for
-    t5-11b), a dev evaluation throughout (review of issue 43). The run's context for a sharded
-    model keeps none (fid.runtime.precision.autocast(sharded=True))."""
+    t5-11b), a dev evaluation throughout (review of issue 43). Training, and a sharded
+    model's dev generation, keep none (fid.runtime.precision.autocast(keep_casts=False))."""
     import re
 
     from torch import nn
@@ -263,14 +263,14 @@ def test_autocast_keeps_no_bf16_copy_of_the_sharded_blocks(one_rank_group):
     copies_mb = 8 * 2048 * 2048 * 2 / 2**20  # 64 MB of bf16 weights
     x = torch.randn(4, 2048)
 
-    def growth(sharded: bool) -> float:
-        with torch.no_grad(), autocast(torch.device("cpu"), "bf16", sharded):
+    def growth(keep_casts: bool) -> float:
+        with torch.no_grad(), autocast(torch.device("cpu"), "bf16", keep_casts):
             before = rss_mb()
             h = x
             for block in blocks:
                 h = block(h)
             return rss_mb() - before
 
-    growth(False), growth(True)  # warm-up: the allocator's pools, the kernels
-    assert growth(False) > 0.8 * copies_mb  # what the cache holds: every block's copy
-    assert growth(True) < 0.2 * copies_mb
+    growth(True), growth(False)  # warm-up: the allocator's pools, the kernels
+    assert growth(True) > 0.8 * copies_mb  # what the cache holds: every block's copy
+    assert growth(False) < 0.2 * copies_mb

@@ -49,7 +49,6 @@ def command_plan_inputs(
             run, checkpointing=cfg.activation_checkpointing, attention=attention,
             encoder_buckets=cfg.encoder_buckets, light_tokens=cfg.light_tokens,
             cross_attention_every=cfg.cross_attention_every,
-            blocks_sharded=cfg.sharding == "fsdp" and world_size > 1,
         )  # fmt: skip
         answer_tokens = cfg.target_max_tokens or cfg.max_new_tokens
         shape = StepShape(

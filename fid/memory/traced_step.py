@@ -86,9 +86,6 @@ class StepRun:
     # FSDP with fsdp_gradient_sync: last_micro_batch: those held gradients are unsharded
     unsharded_gradients_held: bool = False
     encoder_buckets: int = 8  # FiDReader encodes the passages in this many groups
-    # FSDP over several ranks: the encoder runs block by block over the groups
-    # (fid.models.bucketed_encoder), else group by group
-    blocks_sharded: bool = False
     light_tokens: int | None = None  # FiD-Light: the decoder reads k tokens a passage
     cross_attention_every: int | None = None  # FiDO: cross-attention in every K-th layer
 
@@ -122,8 +119,8 @@ def fused_encoder_states(
     block_by_block: bool = False,
 ) -> tuple[torch.Tensor, int | None]:
     """FiDReader.encode at full length, as it makes its tensors: the `rows` passages (questions
-    x passages) of L tokens in `buckets` groups, one after the other or, `block_by_block` (an
-    FSDP-sharded reader), each block over all groups (fid.models.bucketed_encoder; the
+    x passages) of L tokens in `buckets` groups, one after the other (inference) or,
+    `block_by_block` (training), each block over all groups (fid.models.bucketed_encoder; the
     recomputation of a checkpointed block holds one bucket's activations), each group's first k tokens picked out (a copy; its backward
     keeps the row and position of each), concatenated (rows * k, D) and scattered into the
     fused sequence: two copies. Training and inference plans trace it alike.
@@ -169,7 +166,7 @@ def trace_reader_step(config: PretrainedConfig, shape: StepShape, run: StepRun) 
 
         def forward(tracker: MemTracker) -> tuple[torch.Tensor, int]:
             fused, encoder_bytes = fused_encoder_states(t5, B * N, L, k, run.encoder_buckets,
-                                                        tracker, run.blocks_sharded)  # fmt: skip
+                                                        tracker, block_by_block=True)  # fmt: skip
             loss = t5(
                 encoder_outputs=BaseModelOutput(last_hidden_state=fused.view(B, N * k, -1)),
                 attention_mask=torch.ones(B, N * k, dtype=torch.long),
@@ -229,8 +226,8 @@ def _trace(model: torch.nn.Module, forward, run: StepRun) -> StepTrace:
         optimizer.zero_grad(set_to_none=True)
     tracker = _PeakTracker()
     tracker.track_external(model, optimizer)
-    autocast = (
-        torch.autocast("cpu", dtype=run.autocast_dtype)
+    autocast = (  # training keeps no weight casts (fid.runtime.precision.autocast)
+        torch.autocast("cpu", dtype=run.autocast_dtype, cache_enabled=False)
         if run.autocast_dtype is not None
         else contextlib.nullcontext()
     )

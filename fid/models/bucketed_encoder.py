@@ -1,21 +1,24 @@
-"""T5's encoder over several length buckets: bucket by bucket, or block by block under FSDP.
+"""T5's encoder over several length buckets: block by block, or bucket by bucket in inference.
 
 The reader encodes a batch's passages in buckets of similar length (FiDReader.encode). Bucket by
 bucket through T5's encoder stack, every block runs once per bucket, and under FSDP each run is
 a forward of the block's unit: 8 buckets all-gathered each block 8 times in the forward and 8
 times again in the backward (counted on 2 gloo ranks: 18 all-gathers instead of 4 for a 2 + 2
-block reader). So where the blocks are FSDP units the loop is turned around: each block takes
-every bucket in one call, `forward_buckets`, which the unit treats as its forward
-(fid.training.sharding registers it): a block is gathered once in the forward and once in the
-backward, and its gradient reduce-scattered once.
+block reader). So the loop is turned around: each block takes every bucket in one call,
+`forward_buckets`, which an FSDP unit treats as its forward (fid.training.sharding registers
+it): a block is gathered once in the forward and once in the backward, and its gradient
+reduce-scattered once.
 
-Block by block costs memory without gradients: every bucket's (n_k, H, w_k, w_k) position bias
+Training runs block by block sharded or not, so that dropout draws the same numbers in the same
+order under FSDP as under DDP (the two train the same model: tests/test_training_matrix.py).
+Without gradients block by block costs memory: every bucket's (n_k, H, w_k, w_k) position bias
 (mask included) and mask live through the whole stack, where bucket by bucket holds one
 bucket's at a time: the memory plan's trace of the tiny generation of
 tests/test_inference_plan.py peaks 24% higher block by block, while at t5-base's shape (N = 100,
 L = 250, 8 buckets) the peak, after the encoder, is the same. A training step keeps them anyway
-(a checkpointed block's inputs). Unsharded readers keep the bucket-by-bucket order; the
-memory plans trace the order the run takes.
+(a checkpointed block's inputs; its real peak was 7% lower block by block at the tiny shapes of
+tests/test_memory_plan.py). So an unsharded reader's inference (generation, scoring) keeps the
+bucket-by-bucket order; the memory plans trace the order the run takes.
 
 Block by block keeps the stack's own steps as T5Stack.forward takes them for an encoder
 (transformers 5): embedding, the bidirectional mask, dropout, the blocks (the first block's
@@ -76,8 +79,8 @@ def encode_buckets(
     """T5's encoder stack over each (input_ids (n_k, w_k), attention_mask (n_k, w_k)) bucket.
 
     Args:
-        block_by_block: each block over all buckets at once; None: where the blocks are FSDP
-            units (the memory plans choose it as the run will).
+        block_by_block: each block over all buckets at once; None: with gradients on (training)
+            or where the blocks are FSDP units (the memory plans choose it as the run will).
 
     Yields:
         Each bucket's last hidden state, (n_k, w_k, D), in order: what `stack(input_ids,
@@ -87,7 +90,7 @@ def encode_buckets(
         calls it, before any sharding).
     """
     if block_by_block is None:
-        block_by_block = isinstance(stack.block[0], FSDPModule)
+        block_by_block = torch.is_grad_enabled() or isinstance(stack.block[0], FSDPModule)
     if not block_by_block:
         for ids, mask in buckets:
             yield stack(input_ids=ids, attention_mask=mask).last_hidden_state

@@ -83,14 +83,19 @@ def _warn_slow_bf16() -> None:
     )
 
 
-def autocast(device: torch.device, precision: str, sharded: bool = False):
+def autocast(device: torch.device, precision: str, keep_casts: bool = True):
     """The mixed-precision context of a precision setting ("auto", "fp32", "bf16", "fp16").
 
-    `sharded`: the model's blocks are FSDP units. Autocast keeps its low-precision copy of each
-    leaf fp32 weight until the context exits, and a unit's gathered weights are leaves: a
-    forward then ended holding a bf16 copy of every sharded block (half the model's fp32
-    bytes on every rank, for t5-11b ~22 GB), and a dev evaluation held it throughout. No cast
-    is kept then: each use casts again (a checkpointed block's recompute, a decoder token).
+    `keep_casts`: autocast's cache of its low-precision copy of each fp32 weight, kept until the
+    context exits (torch's default). Training turns it off:
+    - under FSDP a unit's gathered weights are leaves, so the cache kept a bf16 copy of every
+      sharded block after it resharded: a forward ended holding half the model's fp32 bytes on
+      every rank (t5-11b: ~22 GB), a dev evaluation throughout;
+    - a cached copy used by several buckets sums its gradient in bf16 before the one cast back,
+      uncached uses each cast their own to fp32: DDP (cached) and FSDP (not) trained different
+      weights. Uncached, every use casts again (a bandwidth-bound copy, small beside the step).
+    Generation keeps it where the weights are whole: the decoder runs once per token, and
+    recasting its weights every token would multiply what a memory-bound step reads.
 
     Raises:
         ValueError: fp16 on a device other than CUDA.
@@ -103,7 +108,7 @@ def autocast(device: torch.device, precision: str, sharded: bool = False):
     if precision == "bf16" and device.type == "cpu" and not cpu_computes_bf16():
         _warn_slow_bf16()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=not sharded)
+    return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=keep_casts)
 
 
 def deterministic_kernels() -> None:

@@ -115,8 +115,10 @@ class _Run:
         self.task, self.cfg, self.state_dir, self.device = task, cfg, state_dir, device
         self.rank, self.world_size = distributed.world()
         sharded = getattr(cfg, "sharding", "ddp") == "fsdp" and self.world_size > 1
-        # validates precision before any work; FSDP: no weight casts kept (precision.autocast)
-        self.amp = autocast(device, precision, sharded)
+        # validates precision before any work; no weight casts kept in training, nor in a
+        # sharded model's dev generation (precision.autocast)
+        self.amp = autocast(device, precision, keep_casts=False)
+        self.eval_amp = autocast(device, precision, keep_casts=not sharded)
         if cfg.deterministic:
             deterministic_kernels()
         self.layout = StepLayout.of(task, cfg, self.world_size)  # before the optimizer
@@ -165,7 +167,7 @@ class _Run:
     def evaluate_if_due(self, final: bool) -> None:
         if final or _every(self.cfg.eval_every_steps, self.progress.step):
             started = time.perf_counter()
-            _evaluate(self.task, self.progress, self.metrics, self.amp, self.state_dir,
+            _evaluate(self.task, self.progress, self.metrics, self.eval_amp, self.state_dir,
                       self.layout.sharded)  # fmt: skip
             self.budget.evaluation(time.perf_counter() - started)
 
