@@ -37,8 +37,8 @@ tiny models:
   same commands run under FID_INJECT_OOM (the tests' simulated error) instead of a cap.
 
 `--device cpu --small` runs every check that a CPU can (fp16 and the MFU's peak are CUDA's) on
-tiny sizes in about a minute: tests/test_gpu_check.py runs it, so that the script cannot rot
-before a GPU runs it.
+tiny sizes in 3-4 minutes on 2 cores: tests/test_gpu_check.py runs it, so that the script cannot
+rot before a GPU runs it.
 """
 
 from __future__ import annotations
