@@ -62,7 +62,9 @@ include: "rules/memory_report.smk"
 onstart:
     check_hub_models(warn_only=False)
     check_disk(refuse=config.get("disk_check", "refuse") == "refuse")
-    check_layouts_against_partitions()
+    check_layouts_against_partitions(
+        refuse=config.get("slurm_preflight", "refuse") == "refuse"
+    )
 
 
 rule all:

@@ -18,7 +18,7 @@ import subprocess
 from fid.runtime.slurm_layout import (
     gres_gpus,
     layout_of,
-    layout_problems,
+    layouts_refused,
     read_partitions,
 )
 
@@ -130,10 +130,11 @@ def srun_exports(rule_name):
     return exports
 
 
-def check_layouts_against_partitions():
+def check_layouts_against_partitions(refuse=True):
     """With the SLURM executor: every job about to be submitted fits its partition's nodes
     (CPUs, memory, GPUs and their type, node count, MaxTime), else one error naming the rule
-    and the numbers, before the first submission. Where sinfo cannot be asked, a warning.
+    and the numbers, before the first submission (`slurm_preflight: warn`: a warning only, for
+    a cluster the check reads wrong). Where sinfo cannot be asked, a warning.
     """
     plugin = workflow.executor_plugin
     if plugin is None or plugin.name != "slurm" or not workflow.is_main_process:
@@ -146,12 +147,18 @@ def check_layouts_against_partitions():
         )
         return
     rules = {job.rule.name for job in workflow.dag.needrun_jobs()}
-    for rule_name in sorted(rules - set(workflow._localrules)):
-        r = _resources(rule_name)
-        problems = layout_problems(layout_of(rule_name, r), groups)
-        if problems:
-            raise WorkflowError(
-                f"resources.{rule_name}: a job of this rule cannot run on this cluster, nothing "
-                f"was submitted: {'; '.join(problems)}. Hint: fix resources.{rule_name} (or "
-                "resources.default) in the config, or name another slurm_partition"
-            )
+    layouts = [
+        layout_of(name, _resources(name))
+        for name in sorted(rules - set(workflow._localrules))
+    ]
+    refused = layouts_refused(layouts, groups)
+    if refused and refuse:
+        raise WorkflowError(
+            f"{refused[0]}; nothing was submitted. Hint: fix that rule's resources (or "
+            "resources.default) in the config, or name another slurm_partition; "
+            "slurm_preflight: warn runs anyway"
+        )
+    for message in refused:
+        logging.getLogger("fid").warning(
+            "%s (slurm_preflight: warn: submitted anyway)", message
+        )

@@ -12,7 +12,14 @@ import pytest
 
 from fid.runtime import slurm_job
 from fid.runtime.logs import copy_earlier_starts
-from fid.runtime.slurm_layout import gres_gpus, layout_of, layout_problems, parse_sinfo
+from fid.runtime.slurm_layout import (
+    gres_gpus,
+    layout_of,
+    layout_problems,
+    layouts_refused,
+    parse_sinfo,
+    read_partitions,
+)
 from fid.training.stop_budget import StopBudget
 
 # `sinfo -h -o "%P|%D|%c|%m|%G|%l"` of a cluster: a CPU default partition, typed GPU nodes
@@ -71,6 +78,35 @@ def test_a_layout_that_cannot_run_is_named_with_its_numbers(change, problem):
 def test_a_cpu_job_fits_the_default_partition():
     layout = layout_of("build_bm25", {"threads": 16, "mem_mb": 200000, "runtime": 1440})
     assert layout_problems(layout, parse_sinfo(SINFO)) == []
+
+
+def test_a_partition_list_fits_when_one_of_its_partitions_does():
+    """`slurm_partition: short,gpu` (the schema allows a list; SLURM starts the job in the first
+    that can) was refused as a partition "short,gpu" that does not exist (issue 45.4)."""
+    groups = parse_sinfo(SINFO)
+    fits = layout_of("train_reader", {**NQ_TRAIN_READER, "slurm_partition": "short,gpu"})
+    assert layout_problems(fits, groups) == []  # short's MaxTime is 60 min; gpu holds it
+    neither = layout_of("train_reader", {**NQ_TRAIN_READER, "slurm_partition": "short,gpu2"})
+    problems = layout_problems(neither, groups)
+    assert any("exceeds partition 'short''s MaxTime 60 min" in p for p in problems), problems
+    assert any("partition 'gpu2' does not exist" in p for p in problems), problems
+    refused = layouts_refused([fits, neither], groups)
+    assert len(refused) == 1 and refused[0].startswith(
+        "resources.train_reader: a job of this rule cannot run on this cluster: "
+    )
+
+
+def test_sinfo_is_asked_for_hidden_partitions_too(tmp_path, monkeypatch):
+    """A hidden partition (or one of another group) that a job names was "does not exist":
+    sinfo shows them only with -a (issue 45.4)."""
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text(
+        f'#!/bin/sh\necho "$@" > "{tmp_path}/args"\nprintf "hidden|2|8|1000|(null)|1:00:00\\n"\n'
+    )
+    sinfo.chmod(sinfo.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert [g.partition for g in read_partitions()] == ["hidden"]
+    assert (tmp_path / "args").read_text().split()[:2] == ["-a", "-h"]
 
 
 def test_a_stop_that_outgrows_the_lead_is_said_once_with_the_figure(caplog):

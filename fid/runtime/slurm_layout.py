@@ -118,7 +118,8 @@ def read_partitions(timeout_s: float = 30) -> list[NodeGroup]:
     """The cluster's partitions as `sinfo` reports them (OSError/CalledProcessError when it
     cannot be asked)."""
     result = subprocess.run(
-        ["sinfo", "-h", "-o", SINFO_FORMAT],
+        # -a: hidden partitions and those of other groups too (a job may name one)
+        ["sinfo", "-a", "-h", "-o", SINFO_FORMAT],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -128,13 +129,24 @@ def read_partitions(timeout_s: float = 30) -> list[NodeGroup]:
 
 
 def layout_problems(layout: Layout, groups: list[NodeGroup]) -> list[str]:
-    """Why a job of this layout cannot run in its partition ([] when some nodes fit)."""
-    name = layout.partition
-    if name is None:
+    """Why a job of this layout cannot run in its partition ([] when some nodes fit).
+
+    A list of partitions (`gpu,gpu_long`: SLURM starts the job in the first that can) fits when
+    one of them fits; otherwise each one's problems are said.
+    """
+    if layout.partition is None:
         default = [g for g in groups if g.default]
         if not default:
             return ["names no slurm_partition and the cluster has no default partition"]
-        name = default[0].partition
+        return _partition_problems(layout, default[0].partition, groups)
+    names = [name for name in layout.partition.split(",") if name]
+    each = [_partition_problems(layout, name, groups) for name in names]
+    if any(not problems for problems in each):
+        return []
+    return [problem for problems in each for problem in problems]
+
+
+def _partition_problems(layout: Layout, name: str, groups: list[NodeGroup]) -> list[str]:
     where = [g for g in groups if g.partition == name]
     if not where:
         known = sorted({g.partition for g in groups})
@@ -155,6 +167,19 @@ def layout_problems(layout: Layout, groups: list[NodeGroup]) -> list[str]:
     if layout.minutes > longest:
         problems.append(f"runtime {layout.minutes} min exceeds {said}'s MaxTime {longest:.0f} min")
     return problems
+
+
+def layouts_refused(layouts: list[Layout], groups: list[NodeGroup]) -> list[str]:
+    """One message per job layout that cannot run on the cluster (`resources.RULE: ...`)."""
+    messages = []
+    for layout in layouts:
+        problems = layout_problems(layout, groups)
+        if problems:
+            messages.append(
+                f"resources.{layout.rule}: a job of this rule cannot run on this cluster: "
+                f"{'; '.join(problems)}"
+            )
+    return messages
 
 
 def _fits(layout: Layout, group: NodeGroup) -> bool:
