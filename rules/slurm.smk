@@ -13,6 +13,7 @@
   (fid.runtime.slurm_layout), before anything is submitted.
 """
 
+import os
 import subprocess
 
 from fid.runtime.slurm_layout import (
@@ -38,6 +39,17 @@ WORKFLOW_ONLY_KEYS = (
     "requeue_on_stop",
     "max_requeues",
 )
+
+
+# Each job derives its own rendezvous port from its job id (fid.runtime.launcher.slurm_port);
+# a FID_MASTER_PORT exported in the shell that runs Snakemake would reach every job it submits
+# (sbatch passes the environment on), and concurrent jobs on one node would collide on it.
+if "FID_MASTER_PORT" in os.environ:
+    logging.getLogger("fid").warning(
+        "FID_MASTER_PORT=%s is not passed on to the workflow's jobs: each derives its own "
+        "port from its SLURM job id",
+        os.environ.pop("FID_MASTER_PORT"),
+    )
 
 
 def check_slurm_keys(rule_name, spec, merged):

@@ -23,7 +23,7 @@ import yaml
 from conftest import scored_retriever_inputs, write_json
 from safetensors.torch import load_file
 
-from fid.runtime.distributed import DistInfo, DistributedError, init_from_env
+from fid.runtime.distributed import DistInfo, DistributedError, init_from_env, slurm_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,8 +45,17 @@ def test_slurm_variables_first_node_is_master():
     info = init_from_env(env)
     assert (info.rank, info.local_rank, info.world_size) == (5, 1, 8)
     assert info.master_addr == "gpu07" and info.launcher == "slurm"
-    assert info.master_port == 15000 + 123456 % 20000
+    assert info.master_port == 10000 + 123456 % 22768
     assert init_from_env({**env, "FID_MASTER_PORT": "4000"}).master_port == 4000
+
+
+def test_a_jobs_port_lies_below_the_ephemeral_range():
+    """Ports derived from job ids spread over 10000-32767: below Linux's ephemeral range
+    (32768-60999), which outgoing connections take from; 15000-34999 overlapped it (issue
+    45.6). Consecutive jobs get distinct ports."""
+    ports = [slurm_port({"SLURM_JOB_ID": str(job)}) for job in range(0, 200000, 7)]
+    assert min(ports) >= 10000 and max(ports) <= 32767
+    assert len({slurm_port({"SLURM_JOB_ID": str(job)}) for job in range(1000, 1100)}) == 100
 
 
 @pytest.mark.parametrize(

@@ -52,13 +52,20 @@ def _int(env: Mapping[str, str], name: str) -> int:
         raise DistributedError(f"{name}={env[name]!r} is not an integer") from None
 
 
+# A job's rendezvous port: below Linux's ephemeral range (32768-60999 by default), which the
+# kernel hands out to outgoing connections, so that one of those cannot hold the port a job
+# wants; 15000-34999 overlapped it.
+PORT_LOW, PORT_HIGH = 10000, 32767
+
+
 def slurm_port(env: Mapping[str, str]) -> int:
-    """FID_MASTER_PORT, else a port in 15000-34999 derived from the job id (so concurrent jobs
-    on one node rarely collide), else 29500."""
+    """FID_MASTER_PORT, else a port in PORT_LOW-PORT_HIGH derived from the job id (so
+    concurrent jobs on one node rarely collide), else 29500. The workflow never passes a
+    FID_MASTER_PORT on to its jobs (rules/slurm.smk): one port for every job would collide."""
     if "FID_MASTER_PORT" in env:
         return _int(env, "FID_MASTER_PORT")
     if "SLURM_JOB_ID" in env:
-        return 15000 + _int(env, "SLURM_JOB_ID") % 20000
+        return PORT_LOW + _int(env, "SLURM_JOB_ID") % (PORT_HIGH - PORT_LOW + 1)
     return 29500
 
 

@@ -376,3 +376,13 @@ def test_sbatch_and_srun_lines_carry_the_site_keys_and_the_stop_signal(tmp_path)
     score = next(j for j in jobs if j["rule"] == "score_passages")
     assert "--signal" not in sbatch_line(score) and "--open-mode=append" in sbatch_line(score)
     assert "FID_SIGNAL_LEAD_S" not in score["shell"]
+
+
+def test_an_exported_master_port_reaches_no_job(tmp_path):
+    """A FID_MASTER_PORT exported where Snakemake runs reached every job it submitted (sbatch
+    passes the environment on): concurrent jobs on a node collided on the one port (issue
+    45.6). The workflow drops it, saying so, and each job derives its own from its job id."""
+    result = snakemake(tmp_path, "-n", "--cores", "1", env={"FID_MASTER_PORT": "4000"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "FID_MASTER_PORT=4000 is not passed on to the workflow's jobs" in output
