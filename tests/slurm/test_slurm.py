@@ -346,6 +346,18 @@ def _eligible_time(info: dict) -> float:
     return time.mktime(time.strptime(info["EligibleTime"], "%Y-%m-%dT%H:%M:%S"))
 
 
+def _wait_until_training(slurm, job: str, state: Path, log: Path) -> None:
+    """Until the job's run logs its first training steps (failing if the job ends first)."""
+
+    def training_under_way() -> bool:
+        info = slurm.job(job)
+        assert info["JobState"] in ("PENDING", "RUNNING"), (info, log.read_text()[-3000:])
+        metrics = state / "metrics.jsonl"
+        return metrics.exists() and '"kind": "train"' in metrics.read_text()
+
+    _wait_for(training_under_way, 300, f"job {job} to log its first training steps")
+
+
 @pytest.mark.parametrize("how", ["scontrol-requeue", "usr1-then-fid-requeues"])
 def test_requeued_job_resumes_and_ends_bitwise_equal(slurm, straight, tmp_path, how):
     """(a) `scontrol requeue JOB` while it trains: SLURM stops the task with SIGTERM; (b)
@@ -372,13 +384,7 @@ exit $status
         env=slurm.env(**extra),
     )  # fmt: skip
 
-    def training_under_way() -> bool:
-        info = slurm.job(job)
-        assert info["JobState"] in ("PENDING", "RUNNING"), (info, log.read_text()[-3000:])
-        metrics = state / "metrics.jsonl"
-        return metrics.exists() and '"kind": "train"' in metrics.read_text()
-
-    _wait_for(training_under_way, 300, f"job {job} to log its first training steps")
+    _wait_until_training(slurm, job, state, log)
     signalled = time.time()
     if how == "scontrol-requeue":
         slurm.run("scontrol", "requeue", job)
@@ -443,13 +449,7 @@ echo "fid exit status $?"
          f"--chdir={tmp_path}"],
     )  # fmt: skip
 
-    def training_under_way() -> bool:
-        info = slurm.job(job)
-        assert info["JobState"] in ("PENDING", "RUNNING"), (info, log.read_text()[-3000:])
-        metrics = state / "metrics.jsonl"
-        return metrics.exists() and '"kind": "train"' in metrics.read_text()
-
-    _wait_for(training_under_way, 300, f"job {job} to log its first training steps")
+    _wait_until_training(slurm, job, state, log)
     slurm.run("scancel", job)
     info = slurm.wait_ended(job, 120, log)
     time.sleep(5)  # a requeue by the job's own rank 0 would show by now
