@@ -158,6 +158,12 @@ def test_two_ranks_equal_one_process_with_twice_the_batch(
     assert [d["exact_match"] for d in dev_one if d["kind"] == "dev"] == [
         d["exact_match"] for d in dev_two if d["kind"] == "dev"
     ]
+    # every rank's own peak, in rank order, rank 0's the line's peak (issue 45.5: the report
+    # showed the srun client's RSS as the ranks')
+    for world, lines in ((1, dev_one), (2, dev_two)):
+        for line in (d for d in lines if d["kind"] == "train"):
+            assert len(line["rank_peaks_mb"]) == world and min(line["rank_peaks_mb"]) > 0, line
+            assert line["rank_peaks_mb"][0] == round(line["peak_memory_mb"], 1), line
 
 
 @pytest.mark.slow

@@ -180,9 +180,11 @@ def test_report_table_from_a_memory_log(tmp_path):
 
     folder = tmp_path / "iter0" / "reader" / "model"
     folder.mkdir(parents=True)
-    records = [{"kind": "train", "step": 3, "peak_memory_mb": 455.1},
+    records = [{"kind": "train", "step": 3, "peak_memory_mb": 455.1,
+                "rank_peaks_mb": [455.1, 470.2]},
                {"kind": "dev", "step": 3, "exact_match": 10.0},
-               {"kind": "train", "step": 6, "peak_memory_mb": 461.5}]  # fmt: skip
+               {"kind": "train", "step": 6, "peak_memory_mb": 461.5,
+                "rank_peaks_mb": [461.5, 466.0]}]  # fmt: skip
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     inputs = {"train": {"bytes": 200_000}, "dev": {"bytes": 20_000}}
     (folder / "train_config.yaml").write_text(yaml.safe_dump({"inputs": inputs}))
@@ -204,7 +206,8 @@ def test_report_table_from_a_memory_log(tmp_path):
     )
     assert reader["measured - predicted (MiB)"] == pytest.approx(461.5 - predicted)
     assert reader["request per rank (MiB)"] == memory_plans.host_mem_mb(job, 220_000) / 2
-    assert reader["job peak RSS (MB)"] == 912.5
+    assert reader["largest rank peak (MiB)"] == 470.2  # rank 1's, at step 3
+    assert reader["benchmark RSS (MB)"] == 912.5
     # a model without a plan: its measured peak alone
     unplanned = table.iloc[1]
     assert unplanned["measured (MiB)"] == 461.5 and unplanned.isna()["predicted (MiB)"]

@@ -1,7 +1,9 @@
 """The report's memory table: per trained model, the peak per rank its stage's plan predicted
 (memory_plans, as the workflow checked it) against the peak its training logged (the `train`
-records of its metrics.jsonl: fid.runtime.logs.PeakMemory, rank 0), the host memory the job
-asked for, and the job's peak resident memory (Snakemake's benchmark file, all its ranks).
+records of its metrics.jsonl: fid.runtime.logs.PeakMemory, rank 0), the largest peak of any of
+its ranks (each rank's own, `rank_peaks_mb`), the host memory the job asked for, and the
+resident peak of Snakemake's benchmark of the job (its process tree on the node Snakemake's job
+step runs on: for ranks started by srun, the srun client alone, on one node or several).
 
 Run by rule report_memory; `memory_table` is the whole of it, importable without Snakemake."""
 
@@ -13,8 +15,10 @@ import pandas as pd
 import yaml
 from memory_plans import TrainingJob, comparable_peak, host_mem_mb, plan
 
+BENCHMARK_RSS = "benchmark RSS (MB)"
 COLUMNS = ["model", "rule", "device", "ranks", "predicted (MiB)", "measured (MiB)",
-           "measured - predicted (MiB)", "request per rank (MiB)", "job peak RSS (MB)"]  # fmt: skip
+           "measured - predicted (MiB)", "largest rank peak (MiB)", "request per rank (MiB)",
+           BENCHMARK_RSS]  # fmt: skip
 NOTES = [
     "Per trained model: the peak memory per rank that its stage's plan predicted (fid "
     "plan-memory, as the workflow checked it before running anything) against the peak its "
@@ -24,10 +28,14 @@ NOTES = [
     "allocator (which the check counts). On CPUs it is the process's resident peak (VmHWM), "
     "which also holds what the process has before any model (the interpreter, torch, the lists: "
     "~0.4 GB), so 'measured - predicted' is that part.",
-    "'request per rank' is the job's host memory request (mem_mb) over the ranks on one node: "
-    "the plan's, or the configuration's where it sets mem_mb; 'job peak RSS' is the whole job's "
-    "(every rank) from Snakemake's benchmark file. A '-' where a model has no plan (its shape "
-    "could not be read when the workflow loaded) or a file is missing.",
+    "'largest rank peak' is the largest of every rank's own logged peak (the same measure, "
+    "each rank's: metrics.jsonl's rank_peaks_mb). 'request per rank' is the job's host memory "
+    "request (mem_mb) over the ranks on one node: the plan's, or the configuration's where it "
+    "sets mem_mb. 'benchmark RSS' is the resident peak of Snakemake's benchmark of the job: the "
+    "process tree of the job step, whose ranks it holds when they are local processes, but "
+    "not when srun starts them (`mpi: srun`, one node or several): then it is the srun "
+    "client's alone. A '-' where a model has no plan (its shape could not be read when the "
+    "workflow loaded) or a file is missing.",
 ]
 
 
@@ -39,11 +47,14 @@ def memory_table(models: dict, folders: dict) -> pd.DataFrame:
     for name, spec in models.items():
         folder = Path(folders[name])
         records = [json.loads(line) for line in (folder / "metrics.jsonl").open()]
-        peaks = [r["peak_memory_mb"] for r in records if r.get("kind") == "train"]
-        row = {"model": name, "measured (MiB)": max(peaks) if peaks else None}
+        train = [r for r in records if r.get("kind") == "train"]
+        peaks = [r["peak_memory_mb"] for r in train]
+        rank_peaks = [p for r in train for p in r.get("rank_peaks_mb", [])]
+        row = {"model": name, "measured (MiB)": max(peaks) if peaks else None,
+               "largest rank peak (MiB)": max(rank_peaks) if rank_peaks else None}  # fmt: skip
         benchmark = Path(spec["benchmark"])
         if benchmark.is_file():
-            row["job peak RSS (MB)"] = pd.read_csv(benchmark, sep="\t").iloc[-1]["max_rss"]
+            row[BENCHMARK_RSS] = pd.read_csv(benchmark, sep="\t").iloc[-1]["max_rss"]
         if spec["job"] is not None:
             job = _as_run(TrainingJob(**spec["job"]), folder / "train_config.yaml")
             predicted = comparable_peak(job, plan(job)) / 2**20

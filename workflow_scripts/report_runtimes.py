@@ -37,6 +37,7 @@ write_page(output.page, "Run time per rule", [
     "(each second for a job's first 30 s, then every 30 s), so CPU time is a lower bound: the "
     "work after a job's last sample is missing (about a fifth of the demo's CPU time). Jobs "
     "that ran at the same time overlap in wall time; the report's Statistics section has each "
-    "job's start and end. A job run again counts its last run. Under SLURM a multi-node job's "
-    "benchmark measures the srun client only.",
+    "job's start and end. A job run again counts its last run. A job whose ranks srun starts "
+    "(`mpi: srun`, on one node or several) is measured as the srun client only: its ranks' CPU "
+    "time and memory are not in it (the Memory page has each rank's logged peak).",
 ], table, output.table)  # fmt: skip

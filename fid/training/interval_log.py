@@ -4,6 +4,9 @@ average over its interval's steps.
 A line's `step_time_s` is the mean of its steps' own durations and its `peak_memory_mb` the
 peak of its steps: dev evaluation and checkpoint saving between two steps are left out of both
 (they were counted into the next interval's figures), so a line says what a step costs.
+`peak_memory_mb` is rank 0's; `rank_peaks_mb` holds every rank's, in rank order (CUDA's max
+allocated on a GPU, the process's resident peak on a CPU): what the report shows per rank,
+where Snakemake's benchmark of an srun job measures only the srun client.
 """
 
 from __future__ import annotations
@@ -56,12 +59,15 @@ class IntervalLog:
         """The interval's line (written by rank 0, returned on every rank); a new interval."""
         # every item of the interval's steps alike, on all ranks
         (loss_sum,) = distributed.sum_over_ranks([float(self.loss)], self.device)
+        peak = self.memory.peak_mb()  # before the gather's own small allocations
+        rank_peaks = distributed.all_gather_objects(round(peak, 1))
         values = {
             "loss": loss_sum / self.world_size / max(self.counted, 1),  # its counted steps'
             "skipped_steps": self.skipped,
             "lr": lr,
             "step_time_s": self.seconds / max(self.steps, 1),
-            "peak_memory_mb": self.memory.peak_mb(),
+            "peak_memory_mb": peak,
+            "rank_peaks_mb": rank_peaks,
             "epoch": epoch,
         }
         if self.grad_norm is not None:
