@@ -137,7 +137,9 @@ def _run(args: argparse.Namespace) -> int:
         STOP_SIGNALS.ignore()
         from fid.runtime import slurm_job
 
-        if slurm_job.requeue_after_stop(info.rank == 0, stop.signals, stop.steps, stop.trained_s):
+        if slurm_job.requeue_after_stop(
+            info.rank == 0, stop.signals, stop.steps, stop.trained_s, stop.startup_s
+        ):
             logger.warning("%s: exit %d, the job resumes when SLURM starts it again",
                            stop, EXIT_PREEMPTED)  # fmt: skip
         else:

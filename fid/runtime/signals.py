@@ -19,6 +19,7 @@ class Preempted(Exception):
             SIGTERM: a cancel, a preemption or the time limit itself).
         steps: the optimizer steps this start of the run made before the stop.
         trained_s: seconds this start trained, from its first step to the stop.
+        startup_s: seconds from the process's start to its first step.
     """
 
     def __init__(
@@ -27,11 +28,13 @@ class Preempted(Exception):
         signals: frozenset[int] = frozenset(),
         steps: int = 0,
         trained_s: float = 0.0,
+        startup_s: float = 0.0,
     ):
         super().__init__(message)
         self.signals = signals
         self.steps = steps
         self.trained_s = trained_s
+        self.startup_s = startup_s
 
 
 class StopSignals:

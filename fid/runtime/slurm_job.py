@@ -68,7 +68,11 @@ def max_requeues() -> int:
 
 
 def requeue_after_stop(
-    is_main: bool, signals: frozenset[int] = frozenset(), steps: int = 0, trained_s: float = 0.0
+    is_main: bool,
+    signals: frozenset[int] = frozenset(),
+    steps: int = 0,
+    trained_s: float = 0.0,
+    startup_s: float = 0.0,
 ) -> bool:
     """With FID_SLURM_REQUEUE=1 inside a SLURM job, rank 0 requeues the job after its
     checkpoint is written: SLURM starts it again (the same id, a fresh time limit) and the
@@ -79,15 +83,17 @@ def requeue_after_stop(
     `scancel` (a user's, or Snakemake's on Ctrl-C), a preemption (under PreemptMode=REQUEUE
     SLURM requeues the job itself) and the time limit itself send SIGTERM, and SLURM accepts
     a requeue of a job being cancelled, which brought a cancelled job back. Nor does a start
-    that trained less than the signal's lead (it spent more of its time stopping than
-    training: a lead close to the runtime, or a slow start, would requeue without end, a step
-    or two each time), a job requeued `max_requeues()` times already, or a job SLURM no longer
-    shows RUNNING. Each refusal is one line in the log; the command then exits non-zero (75),
-    which Snakemake sees as a failure whose retry resumes.
+    that trained for less time than it took to start (loading, building, resuming: each
+    requeue would cost more than it trains; a lead close to the runtime, or a signal that
+    comes seconds after the start, requeued without end, a step or two each time), a job
+    requeued `max_requeues()` times already, or a job SLURM no longer shows RUNNING. Each
+    refusal is one line in the log; the command then exits non-zero (75), which Snakemake sees
+    as a failure whose retry resumes.
 
     Args:
         signals: the stop signals this rank received.
-        steps: optimizer steps this start made; trained_s: seconds it trained.
+        steps: optimizer steps this start made; trained_s: seconds it trained; startup_s:
+            seconds from the process's start to its first step.
     """
     job = job_id()
     if os.environ.get(REQUEUE_ENV) != "1" or job is None or not is_main:
@@ -99,13 +105,12 @@ def requeue_after_stop(
             job,
         )
         return False
-    lead = signal_lead_s() or 0.0
-    if steps == 0 or trained_s < lead:
+    if steps == 0 or trained_s < startup_s:
         logger.error(
             "SLURM job %s: this start trained %.0f s (%d steps) before its stop signal, less "
-            "than the %.0f s the signal leaves for stopping: not requeued again (each start "
-            "would stop about as soon as it trains); give the job a longer runtime or a "
-            "smaller signal_lead_s", job, trained_s, steps, lead,
+            "than the %.0f s it took to start: not requeued again (each requeue would cost "
+            "more than it trains); give the job a longer runtime or a smaller signal_lead_s",
+            job, trained_s, steps, startup_s,
         )  # fmt: skip
         return False
     state, restarts = _job_state(job)

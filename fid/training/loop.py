@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 
@@ -87,6 +88,7 @@ def run_training(
     try:
         with STOP_SIGNALS as signals:
             first_step, started = progress.step, time.monotonic()  # resumed at
+            startup_s = time.time() - psutil.Process().create_time()  # to the first step
             while progress.step < cfg.max_steps:
                 final = run.train_step()
                 run.evaluate_if_due(final)
@@ -98,7 +100,7 @@ def run_training(
                                    progress.step)  # fmt: skip
                     raise Preempted(f"stopped by a signal at step {progress.step}",
                                     frozenset(signals.every_received), progress.step - first_step,
-                                    time.monotonic() - started)  # fmt: skip
+                                    time.monotonic() - started, startup_s)  # fmt: skip
     finally:
         gc.unfreeze()  # an in-process caller's later garbage is its own again
         run.close()
