@@ -141,7 +141,8 @@ def test_distillation_signals_added_to_a_finished_run(tiny_run, tmp_path):
         row = memory.loc[f"iter1-{name}/retriever"]
         assert row["rule"] == "train_retriever" and row["measured (MiB)"] > 0
         assert row["predicted (MiB)"] > 0 and row["benchmark RSS (MB)"] > 0
-        assert row["largest rank peak (MiB)"] >= row["measured (MiB)"]  # rank 0's among them
+        # rank 0's among them (rounded to 0.1 MiB in the log)
+        assert row["largest rank peak (MiB)"] >= row["measured (MiB)"] - 0.1
     report = snakemake(run, "--configfile", str(config), "--report", "report.html")
     assert report.returncode == 0, report.stderr[-3000:]
     page = report_pages(run / "report.html")["results/tiny/report/signals.html"]
