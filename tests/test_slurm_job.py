@@ -223,11 +223,15 @@ def test_a_start_that_trained_less_than_it_took_to_start_does_not_requeue(
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv(slurm_job.REQUEUE_ENV, "1")
+    monkeypatch.setenv(slurm_job.SIGNAL_LEAD_ENV, "600")  # a workflow job: the time limit's
     assert not slurm_job.requeue_after_stop(True, USR1, steps=2, trained_s=3.0, startup_s=40.0)
     assert "this start trained 3 s (2 steps) before its stop signal, less than the 40 s it " in (
         caplog.text
     )
     assert slurm_job.requeue_after_stop(True, USR1, steps=900, trained_s=7200.0, startup_s=40.0)
+    # no lead: a USR1 sent by hand (scancel --signal=USR1) is honoured, however early
+    monkeypatch.delenv(slurm_job.SIGNAL_LEAD_ENV)
+    assert slurm_job.requeue_after_stop(True, USR1, steps=2, trained_s=3.0, startup_s=40.0)
 
 
 def test_a_workflow_log_gets_the_earlier_starts(tmp_path):

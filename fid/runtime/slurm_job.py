@@ -83,9 +83,11 @@ def requeue_after_stop(
     `scancel` (a user's, or Snakemake's on Ctrl-C), a preemption (under PreemptMode=REQUEUE
     SLURM requeues the job itself) and the time limit itself send SIGTERM, and SLURM accepts
     a requeue of a job being cancelled, which brought a cancelled job back. Nor does a start
-    that trained for less time than it took to start (loading, building, resuming: each
-    requeue would cost more than it trains; a lead close to the runtime, or a signal that
-    comes seconds after the start, requeued without end, a step or two each time), a job
+    of a job given a lead (FID_SIGNAL_LEAD_S: the workflow's jobs) that trained for less time
+    than it took to start (loading, building, resuming: each requeue would cost more than it
+    trains; a lead close to the runtime, or a time limit that comes seconds after the start,
+    requeued without end, a step or two each time; without a lead, the USR1 is somebody's
+    explicit request and is honoured), a job
     requeued `max_requeues()` times already, or a job SLURM no longer shows RUNNING. Each
     refusal is one line in the log; the command then exits non-zero (75), which Snakemake sees
     as a failure whose retry resumes.
@@ -105,7 +107,7 @@ def requeue_after_stop(
             job,
         )
         return False
-    if steps == 0 or trained_s < startup_s:
+    if steps == 0 or (signal_lead_s() is not None and trained_s < startup_s):
         logger.error(
             "SLURM job %s: this start trained %.0f s (%d steps) before its stop signal, less "
             "than the %.0f s it took to start: not requeued again (each requeue would cost "
