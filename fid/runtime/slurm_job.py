@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,13 @@ def signal_lead_s() -> float | None:
         logger.warning("%s=%r is not a number of seconds: ignored", SIGNAL_LEAD_ENV, value)
         return None
     return lead if lead > 0 else None
+
+
+def process_age_s() -> float:
+    """Seconds since this process started, as the kernel records its start (psutil)."""
+    import psutil  # here: the module itself is read before anything but the standard library
+
+    return time.time() - psutil.Process().create_time()
 
 
 def max_requeues() -> int:

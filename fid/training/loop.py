@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from torch import nn
 
@@ -88,7 +87,7 @@ def run_training(
     try:
         with STOP_SIGNALS as signals:
             first_step, started = progress.step, time.monotonic()  # resumed at
-            startup_s = time.time() - psutil.Process().create_time()  # to the first step
+            startup_s = slurm_job.process_age_s()  # from the process's start to here
             while progress.step < cfg.max_steps:
                 final = run.train_step()
                 run.evaluate_if_due(final)
