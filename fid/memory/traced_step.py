@@ -33,7 +33,7 @@ from transformers import AutoModel, PretrainedConfig
 from transformers.modeling_outputs import BaseModelOutput
 
 from fid.memory.model_shapes import build_t5
-from fid.models.bucketed_encoder import BUCKETS_METHOD, attach_bucket_forward, encode_buckets
+from fid.models.bucketed_encoder import attach_bucket_forward, encode_buckets
 from fid.models.reader_variants import remove_cross_attention
 from fid.models.retriever import DualEncoder
 from fid.models.retriever_spec import DualEncoderSpec
@@ -121,7 +121,8 @@ def fused_encoder_states(
     """FiDReader.encode at full length, as it makes its tensors: the `rows` passages (questions
     x passages) of L tokens in `buckets` groups, one after the other (inference) or,
     `block_by_block` (training), each block over all groups (fid.models.bucketed_encoder; the
-    recomputation of a checkpointed block holds one bucket's activations), each group's first k tokens picked out (a copy; its backward
+    recomputation of a checkpointed block holds one bucket's activations), each group's first
+    k tokens picked out (a copy; its backward
     keeps the row and position of each), concatenated (rows * k, D) and scattered into the
     fused sequence: two copies. Training and inference plans trace it alike.
 
@@ -137,8 +138,7 @@ def fused_encoder_states(
         # attention gets a (group, heads, L, L) mask; one passage alone has none: transformers
         # (5.25) drops an all-ones mask, for eager and SDPA alike
         inputs.append((ids, None if len(group) == 1 else torch.ones_like(ids)))
-    if not hasattr(t5.encoder.block[0], BUCKETS_METHOD):
-        attach_bucket_forward(t5.encoder)
+    attach_bucket_forward(t5.encoder)  # the trace's own model, built unsharded
     states = encode_buckets(t5.encoder, inputs, block_by_block)
     parts = []
     for group, hidden in zip(groups, states, strict=True):

@@ -95,10 +95,9 @@ def requeue_after_stop(
     than it took to start (loading, building, resuming: each requeue would cost more than it
     trains; a lead close to the runtime, or a time limit that comes seconds after the start,
     requeued without end, a step or two each time; without a lead, the USR1 is somebody's
-    explicit request and is honoured), a job
-    requeued `max_requeues()` times already, or a job SLURM no longer shows RUNNING. Each
-    refusal is one line in the log; the command then exits non-zero (75), which Snakemake sees
-    as a failure whose retry resumes.
+    explicit request and is honoured), a job requeued `max_requeues()` times already, or a job
+    SLURM no longer shows RUNNING. Each refusal is one line in the log; the command then exits
+    non-zero (75), which Snakemake sees as a failure whose retry resumes.
 
     Args:
         signals: the stop signals this rank received.
@@ -127,10 +126,11 @@ def requeue_after_stop(
     if state is not None and state != "RUNNING":
         logger.warning("SLURM job %s is %s: not requeued", job, state)
         return False
-    if restarts is not None and restarts >= max_requeues():
+    most = max_requeues()
+    if restarts is not None and restarts >= most:
         logger.error(
             "SLURM job %s was requeued %d times already (max_requeues %d): not again; "
-            "Snakemake's retry, or a rerun, resumes it", job, restarts, max_requeues(),
+            "Snakemake's retry, or a rerun, resumes it", job, restarts, most,
         )  # fmt: skip
         return False
     try:

@@ -115,14 +115,13 @@ class _Run:
                  device: torch.device, precision: str, config_record: dict):  # fmt: skip
         self.task, self.cfg, self.state_dir, self.device = task, cfg, state_dir, device
         self.rank, self.world_size = distributed.world()
-        sharded = getattr(cfg, "sharding", "ddp") == "fsdp" and self.world_size > 1
+        self.layout = StepLayout.of(task, cfg, self.world_size)  # before the optimizer
         # validates precision before any work; no weight casts kept in training, nor in a
         # sharded model's dev generation (precision.autocast)
         self.amp = autocast(device, precision, keep_casts=False)
-        self.eval_amp = autocast(device, precision, keep_casts=not sharded)
+        self.eval_amp = autocast(device, precision, keep_casts=not self.layout.sharded)
         if cfg.deterministic:
             deterministic_kernels()
-        self.layout = StepLayout.of(task, cfg, self.world_size)  # before the optimizer
         optimizer, self.scheduler, scaler = _optimization(task.model, cfg, precision, state_dir)
         self.progress = _start(task, cfg, state_dir, (optimizer, self.scheduler, scaler),
                                config_record, self.layout)  # fmt: skip
