@@ -58,13 +58,14 @@ include: "rules/memory_report.smk"
 
 
 # Before any job: every hub model can be fetched from here (rules/common.smk), and with the
-# SLURM executor every job's layout fits its partition.
+# SLURM executor every job's layout fits its partition, and its status polls are reviewed.
 onstart:
     check_hub_models(warn_only=False)
     check_disk(refuse=config.get("disk_check", "refuse") == "refuse")
     check_layouts_against_partitions(
         refuse=config.get("slurm_preflight", "refuse") == "refuse"
     )
+    review_slurm_job_states()
 
 
 rule all:

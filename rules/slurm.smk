@@ -8,6 +8,9 @@
   `max_requeues` times, and never after a SIGTERM: scancel, preemption, the limit itself).
 - Every job's SLURM log is appended to (--open-mode=append): a requeued job keeps its first
   attempt's output.
+- The plugin's job-status polls reviewed (fid.runtime.slurm_status): a job preempted under
+  PreemptMode=CANCEL, or pending on a per-job limit, is a failure Snakemake sees (and retries);
+  a shared QOS/association limit is named in a warning; sacct only where accounting exists.
 - Config-time checks of the SLURM keys (the plugin's own rules for slurm_extra, one rank per
   GPU); at start, with the SLURM executor, each GPU job's layout against its partition
   (fid.runtime.slurm_layout), before anything is submitted.
@@ -22,6 +25,7 @@ from fid.runtime.slurm_layout import (
     layouts_refused,
     read_partitions,
 )
+from fid.runtime.slurm_status import install as install_status_review
 
 TRAINING_RULES = ("train_reader", "train_retriever")
 SIGNAL_LEAD_S = (
@@ -174,3 +178,15 @@ def check_layouts_against_partitions(refuse=True):
         logging.getLogger("fid").warning(
             "%s (slurm_preflight: warn: submitted anyway)", message
         )
+
+
+def review_slurm_job_states():
+    """With the SLURM executor: the plugin's status polls reviewed (fid.runtime.slurm_status),
+    so that a job that ended preempted, or waits on a limit that never lifts, is not taken for
+    a running one."""
+    plugin = workflow.executor_plugin
+    if plugin is None or plugin.name != "slurm" or not workflow.is_main_process:
+        return
+    import snakemake_executor_plugin_slurm
+
+    install_status_review(snakemake_executor_plugin_slurm, workflow.executor_settings)

@@ -140,13 +140,16 @@ def test_the_job_says_which_slurm_job_it_is(monkeypatch):
     assert slurm_job.signal_lead_s() is None
 
 
-def _fake_scontrol(folder, status, state="RUNNING", restarts=0):
-    """scontrol on PATH: `show job` answers with the job's state and restarts; `requeue`
-    exits `status` (saying "nope" on stderr); every call is written to `calls`."""
+def _fake_scontrol(folder, status, state="RUNNING", restarts=0, preempt_time="None",
+                   preempt_mode="REQUEUE", requeue=1):  # fmt: skip
+    """scontrol on PATH: `show job` answers with the job's state, restarts and preemption time
+    (in partition `debug`, SLURM 22.05's format); `show partition` with its PreemptMode;
+    `requeue` exits `status` (saying "nope" on stderr); every call is written to `calls`."""
     script = folder / "scontrol"
     script.write_text(f"""#!/bin/sh
 echo "$@" >> "{folder}/calls"
-if [ "$1" = show ]; then echo "JobId=77 JobName=x JobState={state} Reason=None Restarts={restarts}"; exit 0; fi
+if [ "$2" = job ]; then echo "JobId=77 JobName=x JobState={state} Reason=None Requeue={requeue} Restarts={restarts} Partition=debug PreemptEligibleTime=2026-12-05T17:46:22 PreemptTime={preempt_time}"; exit 0; fi
+if [ "$2" = partition ]; then echo "PartitionName=debug PriorityTier=1 PreemptMode={preempt_mode} GraceTime=30"; exit 0; fi
 echo nope >&2
 exit {status}
 """)  # fmt: skip
@@ -246,3 +249,31 @@ def test_a_workflow_log_gets_the_earlier_starts(tmp_path):
         "start 1 line\nstopping at step 40 on a signal\npartial\n"
         "==== this start ====\n"
     )
+
+
+@pytest.mark.parametrize(
+    "mode, requeue, requeued, said",
+    [
+        ("REQUEUE", 1, True, "SLURM job 77 is being preempted (PreemptMode=REQUEUE): requeued now"),
+        ("CANCEL", 1, False, "stopped by SIGTERM (a preemption under PreemptMode=CANCEL)"),
+        ("REQUEUE", 0, False, "stopped by SIGTERM (a preemption under PreemptMode=CANCEL)"),
+    ],
+)
+def test_a_preemption_under_requeue_requeues_at_once(
+    tmp_path, monkeypatch, caplog, mode, requeue, requeued, said
+):
+    """Issue 45.3, seen on the test cluster: a preempted job gets SIGTERM at the start of its
+    GraceTime and SLURM requeues it only if it still runs when the grace time ends; fid's ranks
+    checkpointed and exited within it, so the job ended FAILED and was not requeued. Rank 0
+    now requeues it itself where the partition's PreemptMode is REQUEUE (and the job may be
+    requeued), with no bound on progress: SLURM would requeue it anyway."""
+    calls = _fake_scontrol(tmp_path, 0, preempt_time="2026-12-05T17:46:25",
+                           preempt_mode=mode, requeue=requeue)  # fmt: skip
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv(slurm_job.REQUEUE_ENV, "1")
+    monkeypatch.setenv(slurm_job.SIGNAL_LEAD_ENV, "600")
+    with caplog.at_level(logging.WARNING):
+        assert slurm_job.requeue_after_stop(True, TERM, steps=0) is requeued
+    assert said in caplog.text
+    assert ("requeue 77" in calls.read_text()) is requeued

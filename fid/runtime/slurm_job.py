@@ -87,10 +87,14 @@ def requeue_after_stop(
     training resumes, without ending the job as failed (which would spend one of Snakemake's
     retries). True when the job was requeued.
 
-    Only the time-limit warning requeues (SIGUSR1, `--signal=USR1@LEAD`), never a SIGTERM:
-    `scancel` (a user's, or Snakemake's on Ctrl-C), a preemption (under PreemptMode=REQUEUE
-    SLURM requeues the job itself) and the time limit itself send SIGTERM, and SLURM accepts
-    a requeue of a job being cancelled, which brought a cancelled job back. Nor does a start
+    Only the time-limit warning requeues (SIGUSR1, `--signal=USR1@LEAD`), and a preemption
+    under PreemptMode=REQUEUE. Other SIGTERMs do not: `scancel` (a user's, or Snakemake's on
+    Ctrl-C) and the time limit itself send SIGTERM, and SLURM accepts a requeue of a job being
+    cancelled, which brought a cancelled job back. A preemption also sends SIGTERM, at the
+    start of the partition's GraceTime (scontrol shows a PreemptTime): SLURM requeues the job
+    only if it still runs when the grace time ends, and a job that checkpointed and exited
+    before ends FAILED; so under REQUEUE rank 0 requeues it at once, under CANCEL it does not
+    (the exit is a failure whose retry resumes). Nor does a start
     of a job given a lead (FID_SIGNAL_LEAD_S: the workflow's jobs) that trained for less time
     than it took to start (loading, building, resuming: each requeue would cost more than it
     trains; a lead close to the runtime, or a time limit that comes seconds after the start,
@@ -108,10 +112,22 @@ def requeue_after_stop(
     if os.environ.get(REQUEUE_ENV) != "1" or job is None or not is_main:
         return False
     if signal.SIGTERM in signals or signal.SIGUSR1 not in signals:
+        mode = _preemption_mode(job)
+        if mode == "REQUEUE":
+            logger.warning(
+                "SLURM job %s is being preempted (PreemptMode=REQUEUE): requeued now, its "
+                "checkpoint written in the grace time (a job that ends before the grace time "
+                "does would end FAILED, not requeued)",
+                job,
+            )
+            return _requeue(job)
         logger.warning(
-            "SLURM job %s: stopped by SIGTERM (scancel, a preemption or the time limit "
-            "itself), not by the time-limit warning: not requeued, the checkpoint is kept",
+            "SLURM job %s: stopped by SIGTERM (%s), not by the time-limit warning: not "
+            "requeued, the checkpoint is kept",
             job,
+            f"a preemption under PreemptMode={mode}"
+            if mode
+            else "scancel, a preemption or the time limit itself",
         )
         return False
     if steps == 0 or (signal_lead_s() is not None and trained_s < startup_s):
@@ -122,7 +138,9 @@ def requeue_after_stop(
             job, trained_s, steps, startup_s,
         )  # fmt: skip
         return False
-    state, restarts = _job_state(job)
+    record = _job_record(job)
+    state, restarts = record.get("JobState"), record.get("Restarts")
+    restarts = int(restarts) if restarts and restarts.isdigit() else None
     if state is not None and state != "RUNNING":
         logger.warning("SLURM job %s is %s: not requeued", job, state)
         return False
@@ -133,6 +151,10 @@ def requeue_after_stop(
             "Snakemake's retry, or a rerun, resumes it", job, restarts, most,
         )  # fmt: skip
         return False
+    return _requeue(job)
+
+
+def _requeue(job: str) -> bool:
     try:
         result = subprocess.run(
             ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60
@@ -147,14 +169,33 @@ def requeue_after_stop(
     return True
 
 
-def _job_state(job: str) -> tuple[str | None, int | None]:
-    """(JobState, Restarts) as `scontrol show job` tells; None for what it does not."""
+def _scontrol_show(*what: str) -> dict[str, str]:
+    """`scontrol show ...` as {key: value} ({} when it cannot be asked): a job's or a
+    partition's `Key=Value` fields, or the config's `Key = Value` lines."""
     try:
         result = subprocess.run(
-            ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60
+            ["scontrol", "show", *what], capture_output=True, text=True, timeout=60
         )
     except (OSError, subprocess.SubprocessError):
-        return None, None
-    state = re.search(r"\bJobState=(\S+)", result.stdout)
-    restarts = re.search(r"\bRestarts=(\d+)", result.stdout)
-    return (state.group(1) if state else None), (int(restarts.group(1)) if restarts else None)
+        return {}
+    return dict(re.findall(r"(\w+) *= *(\S*)", result.stdout))
+
+
+def _job_record(job: str) -> dict[str, str]:
+    """The job as `scontrol show job` tells: JobState, Restarts, Partition, PreemptTime, ..."""
+    return _scontrol_show("job", "-o", job)
+
+
+def _preemption_mode(job: str) -> str | None:
+    """The PreemptMode (REQUEUE, CANCEL, ...) under which this running job is being preempted,
+    or None when it is not (no PreemptTime). REQUEUE only for a job that may be requeued."""
+    record = _job_record(job)
+    if record.get("PreemptTime", "None") in ("None", "Unknown", "") or (
+        record.get("JobState") != "RUNNING"
+    ):
+        return None
+    mode = _scontrol_show("partition", record.get("Partition", "")).get("PreemptMode", "")
+    if mode in ("", "OFF"):  # the partition follows the cluster's
+        mode = _scontrol_show("config").get("PreemptMode", "CANCEL")
+    mode = mode.split(",")[0].upper()  # e.g. "REQUEUE,GANG"
+    return "CANCEL" if mode == "REQUEUE" and record.get("Requeue") == "0" else mode

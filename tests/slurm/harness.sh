@@ -11,6 +11,8 @@
 # GRES backed by dummy character devices (AutoDetect=off); `SlurmdParameters=config_overrides`
 # lets a 2-core machine advertise more CPUs and GPUs than it has. No cgroups, no systemd, no
 # accounting database (so no sacct: poll squeue, which keeps ended jobs for MinJobAge).
+# Three partitions on the same nodes: debug (the default; preempted jobs are requeued), spot
+# (preempted jobs are cancelled) and urgent (preempts both).
 #
 # The cluster is self-contained: its config lives under $FID_SLURM_ROOT/etc (SLURM_CONF), its
 # daemons use their own ports, and `down` stops only the daemons it started. Only munged is
@@ -27,6 +29,8 @@
 #   FID_SLURM_MEM_MB         RealMemory per node              (default 4096)
 #   FID_SLURM_PORT           slurmctld port; slurmds follow   (default 6917)
 #   FID_SLURM_REQUEUE_DELAY  seconds a requeued job is held   (default 120, SLURM's own)
+#   FID_SLURM_KILL_WAIT      KillWait: SIGTERM to SIGKILL      (default 30, SLURM's own)
+#   FID_SLURM_GRACE_TIME     GraceTime of partition debug      (default 30)
 #   FID_SLURM_NO_INSTALL=1   never apt-get install (fail instead)
 set -euo pipefail
 
@@ -37,6 +41,8 @@ NGPU=${FID_SLURM_GPUS:-2}
 MEM_MB=${FID_SLURM_MEM_MB:-4096}
 PORT=${FID_SLURM_PORT:-6917}
 REQUEUE_DELAY=${FID_SLURM_REQUEUE_DELAY:-120}
+KILL_WAIT=${FID_SLURM_KILL_WAIT:-30}
+GRACE_TIME=${FID_SLURM_GRACE_TIME:-30}
 CONF=$ROOT/etc/slurm.conf
 DEFAULT_CONF=/etc/slurm/slurm.conf
 HOSTS_TAG="# fid-slurm-harness"
@@ -113,10 +119,21 @@ MpiDefault=none
 ReturnToService=2
 # squeue shows ended jobs (and their exit codes) this long: there is no sacct here.
 MinJobAge=600
-KillWait=10
+# SIGTERM to SIGKILL at a time limit, scancel or requeue: 30 s is SLURM's default and most
+# clusters'.
+KillWait=$KILL_WAIT
 InactiveLimit=0
+# Preemption by partition priority, as on clusters with a scavenger/spot partition: a job in
+# 'urgent' (PriorityTier 10) takes the nodes of jobs in 'debug' (requeued; SIGTERM, then
+# GRACE_TIME seconds before SIGKILL and the requeue) or 'spot' (cancelled: GraceTime 0, SLURM's
+# default, so the job ends PREEMPTED at once and its tasks get SIGTERM, SIGKILL after KillWait).
+# 'spot' takes jobs of at most 30 minutes (a longer one pends for PartitionTimeLimit).
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 $([ "$NGPU" -gt 0 ] && echo GresTypes=gpu || true)
-${nodes}PartitionName=debug Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP
+${nodes}PartitionName=debug Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE_TIME
+PartitionName=spot Nodes=$NODELIST MaxTime=30 State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=0
+PartitionName=urgent Nodes=$NODELIST MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
   # srun inside Snakemake's jobs reads only the default path (see the header)
   if [ ! -e "$DEFAULT_CONF" ] || [ "$(readlink "$DEFAULT_CONF")" = "$CONF" ]; then
@@ -201,7 +218,7 @@ stop() {  # PIDFILE...: SIGTERM to all at once, then wait up to 10 s, then SIGKI
 
 down() {
   if alive "$ROOT/slurmctld.pid"; then
-    scancel --quiet --full --signal=KILL --partition=debug 2>/dev/null || true
+    scancel --quiet --full --signal=KILL --user="$(id -un)" 2>/dev/null || true
     # Give the nodes a moment to kill the job steps before their slurmd goes.
     for _ in $(seq 20); do [ -z "$(squeue -h -t running,completing 2>/dev/null)" ] && break; sleep 0.5; done
   fi

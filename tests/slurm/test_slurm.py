@@ -57,45 +57,96 @@ TWO_NODE_DDP = {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "gres": "gp
                 "mpi": "srun", "mem_mb": 1000, "runtime": 20}  # fmt: skip
 
 
+# Each optimizer step of the workflow's training jobs first sleeps this long (slow_steps.py,
+# put before the venv's `fid` on PATH): steps of a known length however loaded the 2 cores are,
+# so the time-limit signal and the preemption land while the jobs train.
+STEP_SLEEP_S = 0.3
+TWO_RANKS = {"nodes": 1, "tasks_per_node": 2, "cpus_per_task": 1, "gres": "gpu:2", "mpi": "srun",
+             "mem_mb": 1000, "runtime": 20}  # fmt: skip
+READER_STEPS, RETRIEVER_STEPS = 200, 100
+# The reader's time limit and stop signal: SIGUSR1 60 s after each start, time for ~20 s of
+# start-up and ~40 s of training, so the 200 steps (>= 60 s) take two starts or more.
+READER_RUNTIME_MIN = 3
+
+
 def _config(path: Path) -> Path:
     config = yaml.safe_load(TINY.read_text())
     # One round, one evaluated split and no warm-up stage keep the critical path at ~11 jobs
     # (~10-15 s each).
     config.update(rounds=1, eval_splits=["test"])
     config["data"]["curriculum"]["warmup"] = False
-    # Round 0's reader trains long enough (a checkpoint every 10 steps) to be requeued while it
-    # runs.
-    config["reader"] = {**config["reader"], "max_steps": 150, "save_every_steps": 10,
-                        "eval_every_steps": 150, "log_every_steps": 50}  # fmt: skip
+    config["reader"] = {**config["reader"], "max_steps": READER_STEPS, "save_every_steps": 20,
+                        "eval_every_steps": READER_STEPS, "log_every_steps": 50}  # fmt: skip
+    config["retriever"] = {**config["retriever"], "max_steps": RETRIEVER_STEPS,
+                           "save_every_steps": 10, "eval_every_steps": RETRIEVER_STEPS,
+                           "log_every_steps": 50}  # fmt: skip
     config["resources"] = {
         "default": {"threads": 1, "mem_mb": 500, "runtime": 20},
-        "train_reader": TWO_NODE_DDP,
+        # round 0's reader trains into its time limit, on 2 nodes x 2 ranks
+        "train_reader": {**TWO_NODE_DDP, "runtime": READER_RUNTIME_MIN, "signal_lead_s": 120},
+        # the retriever trains on 2 ranks in the partition whose jobs preemption cancels
+        "train_retriever": {**TWO_RANKS, "slurm_partition": "spot"},
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
-def _train_reader_job(slurm, wildcards: str) -> str | None:
-    """The id of the (not yet ended) train_reader job whose comment names these wildcards; the
-    plugin writes `rule_<rule>_wildcards_<values joined by _>` into --comment."""
-    out = slurm.run("squeue", "-h", "-t", "all", "-o", "%i|%k|%T")
+def _jobs_of(slurm, rule: str, wildcards: str) -> list[dict[str, str]]:
+    """Every job (any state; squeue keeps ended ones MinJobAge s) whose comment names this rule
+    and wildcards: the plugin writes `rule_<rule>_wildcards_<values joined by _>` into
+    --comment."""
+    out = slurm.run("squeue", "-h", "-t", "all", "-o", "%i|%k|%T|%r|%N")
+    jobs = []
     for line in out.splitlines():
-        job, comment, state = line.split("|")
-        if comment == f"rule_train_reader_wildcards_{wildcards}" and state == "RUNNING":
-            return job
-    return None
+        job, comment, state, reason, nodes = line.split("|")
+        if comment == f"rule_{rule}_wildcards_{wildcards}":
+            jobs.append(dict(id=job, state=state, reason=reason, nodes=nodes))
+    return sorted(jobs, key=lambda j: int(j["id"]))
 
 
-def _wait(condition, timeout: float, what: str, workflow: subprocess.Popen, log: Path):
+def _release_held(slurm, released: set) -> None:
+    """A requeued job is held ~120 s (BeginTime) before it may start again: release it now."""
+    for line in slurm.run("squeue", "-h", "-t", "PD", "-o", "%i|%r").splitlines():
+        job, reason = line.split("|")
+        if reason == "BeginTime":
+            slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
+            released.add(job)
+
+
+def _wait(condition, timeout: float, what: str, workflow: subprocess.Popen, log: Path, slurm=None,
+          released: set | None = None):  # fmt: skip
     deadline = time.monotonic() + timeout
     while (value := condition()) is None:
         if workflow.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"gave up waiting for {what}; Snakemake log:\n{log.read_text()[-4000:]}")
-        time.sleep(0.2)
+        if slurm is not None:
+            _release_held(slurm, released)
+        time.sleep(0.5)
     return value
 
 
-def test_slurm_profile_runs_the_demo_dag_and_survives_a_requeue(slurm, tmp_path):
+def _slow_fid(folder: Path) -> Path:
+    """A folder whose `fid` is the venv's fid with slowed steps (slow_steps.py)."""
+    folder.mkdir()
+    shim = folder / "fid"
+    slow = Path(__file__).parent / "slow_steps.py"
+    shim.write_text(f'#!/bin/sh\nexec {PYTHON} {slow} {STEP_SLEEP_S} --always "$@"\n')
+    shim.chmod(0o755)
+    return folder
+
+
+def test_slurm_profile_runs_the_demo_dag_through_a_time_limit_and_a_preemption(slurm, tmp_path):
+    """Issue 45.7 and 45.3: the whole chain, plugin to resume. `snakemake --profile
+    profiles/slurm` runs the demo DAG (1 round) on the test cluster:
+    - round 0's reader, a 2-node x 2-rank srun DDP job submitted by the plugin, runs into its
+      time limit: SIGUSR1 `signal_lead_s` before it, a checkpoint, a requeue by fid itself, a
+      resume, as often as it takes; Snakemake sees one job, no retry spent, and the weights
+      equal an uninterrupted run's, bit for bit;
+    - round 0's retriever, a 2-rank job in the `spot` partition (PreemptMode=CANCEL, GraceTime
+      30 s), is preempted while it trains: it checkpoints in its grace time and ends
+      PREEMPTED, which the plugin alone reports as running forever; the workflow's status
+      review makes it a failure, Snakemake's retry resumes the checkpoint, the run completes.
+    """
     if Path("/etc/slurm/slurm.conf").resolve() != slurm.conf.resolve():
         # the plugin strips SLURM_CONF from its jobs: their srun reads only the default path,
         # which harness.sh links to the test cluster unless a real SLURM config is there
@@ -103,7 +154,8 @@ def test_slurm_profile_runs_the_demo_dag_and_survives_a_requeue(slurm, tmp_path)
     config = _config(tmp_path / "config.yaml")
     workdir = tmp_path / "work"
     log = tmp_path / "snakemake.log"
-    env = slurm.env(PATH=f"{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", HF_HUB_OFFLINE="1")
+    slow = _slow_fid(tmp_path / "slow-bin")
+    env = slurm.env(PATH=f"{slow}:{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", HF_HUB_OFFLINE="1")
     command = [
         str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
         "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(config),
@@ -113,48 +165,81 @@ def test_slurm_profile_runs_the_demo_dag_and_survives_a_requeue(slurm, tmp_path)
         "--slurm-keep-successful-logs",
     ]  # fmt: skip
     started = time.monotonic()
+    released: set[str] = set()
     with open(log, "w") as out:
         workflow = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        # round 0's reader (after the warm-up stage): running as a SLURM job with a checkpoint
-        state = workdir / "state" / "tiny" / "iter0" / "reader"
-        job = _wait(lambda: _train_reader_job(slurm, "tiny_0_reader"), WORKFLOW_TIMEOUT_S,
-                    "round 0's train_reader job", workflow, log)  # fmt: skip
+        # round 0's retriever (after the reader's starts): in `spot`, with a checkpoint
+        state = workdir / "state" / "tiny" / "iter0" / "retriever"
+        retriever = _wait(
+            lambda: next((j for j in _jobs_of(slurm, "train_retriever", "tiny_0")
+                          if j["state"] == "RUNNING"), None),
+            WORKFLOW_TIMEOUT_S, "round 0's train_retriever job", workflow, log, slurm, released,
+        )  # fmt: skip
         _wait(lambda: next(state.glob("*/step-*"), None), 300, "its first checkpoint",
-              workflow, log)  # fmt: skip
-        before = slurm.job(job)
-        slurm.run("scontrol", "requeue", job)
-        requeued_at = time.monotonic() - started
-        slurm.wait(job, lambda info: info["JobState"] == "PENDING", 120)
-        # SLURM holds a requeued job ~120 s before it may start again; release it now
-        slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
-        returncode = workflow.wait(timeout=WORKFLOW_TIMEOUT_S)
+              workflow, log, slurm, released)  # fmt: skip
+        # a job of the higher-priority partition takes all of the retriever's node
+        urgent = slurm.sbatch(
+            _script(tmp_path / "urgent.sh", "sleep 2\n"),
+            ["--partition=urgent", f"--nodelist={retriever['nodes']}", "--nodes=1",
+             "--ntasks=4", "--cpus-per-task=1", "--time=2", "--job-name=urgent",
+             f"--output={tmp_path / 'urgent.out'}"],
+        )  # fmt: skip
+        preempted_at = time.monotonic() - started
+        _wait(lambda: workflow.poll(), WORKFLOW_TIMEOUT_S, "the workflow to end", workflow, log,
+              slurm, released)  # fmt: skip
+        returncode = workflow.wait()
     finally:
         if workflow.poll() is None:
             workflow.kill()
-            slurm.run("scancel", "--full", "--signal=KILL", "--partition=debug")
+            slurm.run("scancel", "--full", "--signal=KILL", "--user=root")
     wall = time.monotonic() - started
     output = log.read_text()
     assert returncode == 0, output[-6000:]
-    print(f"\n[slurm] demo DAG under the SLURM profile: {wall:.0f} s; requeued round 0's "
-          f"reader (job {job}) at {requeued_at:.0f} s")  # fmt: skip
+    readers = _jobs_of(slurm, "train_reader", "tiny_0_reader")
+    retrievers = _jobs_of(slurm, "train_retriever", "tiny_0")
+    print(f"\n[slurm] demo DAG under the SLURM profile: {wall:.0f} s; round 0's retriever "
+          f"(job {retriever['id']}) preempted at {preempted_at:.0f} s by job {urgent}; "
+          f"released from their hold: {sorted(released)}")  # fmt: skip
 
-    # the requeued job was a 2-node, 4-task job and ran twice
-    after = slurm.job(job)
-    assert before["NumNodes"] == "2" and before["NumTasks"] == "4", before
-    assert after["Restarts"] == "1" and after["JobState"] == "COMPLETED", after
-    # the second start resumed the first one's checkpoint, as rank 0 of the 4 srun tasks; the
-    # job's log (which Snakemake deletes before each start) holds both starts, numbered
+    # The reader: one job, 4 tasks on 2 nodes, restarted by its own requeues, COMPLETED
+    (reader,) = readers
+    info = slurm.job(reader["id"])
+    assert info["NumNodes"] == "2" and info["NumTasks"] == "4", info
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, info
     run_log = (workdir / "logs/train_reader/tiny/iter0/reader.log").read_text()
-    earlier, _, this = run_log.partition("==== this start ====")
-    assert "==== earlier starts of this run" in earlier, run_log[-3000:]
-    assert f"start 1 of this run (SLURM job {job})" in earlier and "starting a new run" in earlier
-    assert f"start 2 of this run (SLURM job {job})" in this, run_log[-3000:]
-    assert "resumed from" in this and "starting a new run" not in this, run_log[-3000:]
+    starts = int(info["Restarts"]) + 1
+    assert run_log.count(f"requeued SLURM job {reader['id']}") == starts - 1, run_log[-4000:]
+    assert len(re.findall(r"stopping at step \d+ on a signal", run_log)) == starts - 1
+    for n in range(2, starts + 1):
+        assert f"start {n} of this run (SLURM job {reader['id']}" in run_log, run_log[-4000:]
+    assert "starting a new run" in run_log and run_log.count("resumed from") == starts - 1
     assert "rank 0 of 4 (slurm)" in run_log, run_log[-3000:]
-    # the SLURM log of the job (--open-mode=append) keeps the first start's output too
-    slurm_log = next((workdir / "logs/slurm/rule_train_reader").rglob(f"{job}.log")).read_text()
-    assert slurm_log.count("Building DAG of jobs") >= 2, slurm_log[-3000:]
+    # the SLURM log of the job (--open-mode=append) keeps every start's output
+    slurm_log = next((workdir / "logs/slurm/rule_train_reader").rglob(f"{reader['id']}.log"))
+    assert slurm_log.read_text().count("Building DAG of jobs") >= starts
+    # the same training, uninterrupted, as 4 local ranks: the same weights
+    shell = re.search(r"train-reader (--config .*)$", output, re.MULTILINE).group(1)
+    args = shlex.split(shell)
+    args[args.index("--output") + 1] = str(tmp_path / "straight-model")
+    args[args.index("--state-root") + 1] = str(tmp_path / "straight-state")
+    launch_local(["train-reader", *args], world_size=4, cwd=workdir)
+    assert_same_weights(tmp_path / "straight-model" / "model.safetensors",
+                        workdir / "results/tiny/iter0/reader/model/model.safetensors")  # fmt: skip
+
+    # The retriever: preempted and cancelled, a failure Snakemake saw, its retry resumed
+    assert [j["state"] for j in retrievers] == ["PREEMPTED", "COMPLETED"], retrievers
+    assert retrievers[0]["id"] == retriever["id"]
+    assert (f"SLURM job {retriever['id']} (rule train_retriever, wildcards tiny_0) was "
+            "preempted and cancelled (partition spot: PreemptMode=CANCEL") in output  # fmt: skip
+    assert output.count("Trying to restart job") == 1, output[-6000:]
+    retriever_log = (workdir / "logs/train_retriever/tiny/iter0.log").read_text()
+    stop = re.search(r"stopping at step (\d+) on a signal", retriever_log)
+    assert stop, retriever_log[-4000:]
+    assert "not by the time-limit warning: not requeued, the checkpoint is kept" in retriever_log
+    resumed = re.search(rf"resumed from \S*step-{stop.group(1)}\b", retriever_log)
+    assert resumed, retriever_log[-4000:]
+
     # every job of the demo DAG ran, the report's inputs included
     report = workdir / "results" / "tiny" / "report"
     for name in ("exact_match.csv", "retrieval.csv", "exact_match.png", "retrieval_topk.png"):
@@ -358,13 +443,17 @@ def _wait_until_training(slurm, job: str, state: Path, log: Path) -> None:
     _wait_for(training_under_way, 300, f"job {job} to log its first training steps")
 
 
-@pytest.mark.parametrize("how", ["scontrol-requeue", "usr1-then-fid-requeues"])
+@pytest.mark.parametrize("how", ["scontrol-requeue", "usr1-then-fid-requeues", "preempted"])
 def test_requeued_job_resumes_and_ends_bitwise_equal(slurm, straight, tmp_path, how):
     """(a) `scontrol requeue JOB` while it trains: SLURM stops the task with SIGTERM; (b)
     `scancel --signal=USR1 JOB` (without --batch, which would signal only the batch shell, not
     the srun tasks): fid checkpoints, exits 75 and, with FID_SLURM_REQUEUE=1, requeues its own
-    job. Either way the job restarts (after SLURM's hold, cut short here with
-    `scontrol update StartTime=now`) and resumes from the state folder."""
+    job; (c) a job of the `urgent` partition takes the node (issue 45.3): under the `debug`
+    partition's PreemptMode=REQUEUE, GraceTime 30 s, the task gets SIGTERM, fid checkpoints in
+    the grace time and requeues the job (SLURM requeues only a job still running when the
+    grace time ends: one whose ranks exited ended FAILED). Either way the job restarts (after
+    SLURM's hold, cut short here with `scontrol update StartTime=now`) and resumes from the
+    state folder, from the checkpoint written at the stop."""
     training, expected = straight
     # The state folder lives outside the job's declared outputs: nothing deletes it on requeue.
     output, state, log = tmp_path / "model", tmp_path / "state", tmp_path / "job.out"
@@ -375,7 +464,8 @@ status=$?
 echo "fid exit status $status"
 exit $status
 """)  # fmt: skip
-    extra = {"FID_SLURM_REQUEUE": "1"} if how == "usr1-then-fid-requeues" else {}
+    # the workflow's training jobs tell fid to requeue after a time-limit signal
+    extra = {"FID_SLURM_REQUEUE": "1"} if how != "scontrol-requeue" else {}
     started = time.perf_counter()
     job = slurm.sbatch(
         script,
@@ -388,8 +478,13 @@ exit $status
     signalled = time.time()
     if how == "scontrol-requeue":
         slurm.run("scontrol", "requeue", job)
-    else:
+    elif how == "usr1-then-fid-requeues":
         slurm.run("scancel", "--signal=USR1", job)
+    else:  # every CPU of the job's node, for a job of the preempting partition
+        node = slurm.job(job)["NodeList"]
+        slurm.sbatch(_script(tmp_path / "urgent.sh", "sleep 2\n"),
+                     ["--partition=urgent", f"--nodelist={node}", "--ntasks=4",
+                      "--cpus-per-task=1", "--time=2", f"--output={tmp_path / 'urgent.out'}"])  # fmt: skip
     held = slurm.wait(
         job, lambda i: i["JobState"] == "PENDING" and int(i["Restarts"]) >= 1
         or i["JobState"] in ENDED, 120, log,
@@ -416,11 +511,13 @@ exit $status
         f"{info}\n{job_log[-3000:]}"
     )
     run_log = (state / "train.log").read_text()
-    assert "stopping at step" in run_log, "the first run did not stop cleanly on the signal"
-    assert "resumed from" in run_log, "the restarted job did not resume from a checkpoint"
+    stop = re.search(r"stopping at step (\d+) on a signal", run_log)
+    assert stop, f"the first run did not stop cleanly on the signal:\n{run_log[-3000:]}"
+    assert f"resumed from {state / ('step-' + stop.group(1))}" in run_log, run_log[-3000:]
     assert "fid exit status 0" in job_log
-    if how == "usr1-then-fid-requeues":
-        assert f"requeued SLURM job {job}" in run_log
+    assert (f"requeued SLURM job {job}" in run_log) == (how != "scontrol-requeue")
+    if how == "preempted":
+        assert f"SLURM job {job} is being preempted (PreemptMode=REQUEUE): requeued now" in run_log
     got = training.weights(output, state)
     for which, tensors in expected.items():
         assert got[which].keys() == tensors.keys()
@@ -474,14 +571,15 @@ def test_the_time_limit_signal_checkpoints_a_step_longer_than_killwait(
     slurm, tmp_path, tiny_model_dir, toy_records
 ):
     """The workflow's training jobs: `--signal=USR1@LEAD` (to the job's steps, not B:) and the
-    ranks told to requeue. Each step of the first start takes 12 s, longer than the cluster's
-    KillWait (10 s): at the time limit's SIGTERM the step could not finish before SIGKILL. The
+    ranks told to requeue. Each step of the first start takes 32 s, longer than the cluster's
+    KillWait (30 s, SLURM's default): at the time limit's SIGTERM the step could not finish
+    before SIGKILL. The
     early signal comes while it trains; fid finishes its step, writes the checkpoint, requeues
     its job, and the second start resumes and ends bitwise equal to an uninterrupted run. The
     job's SLURM log (--open-mode=append, as the workflow submits) keeps both starts."""
     train = write_json(tmp_path / "train.json", toy_records["train"][:40])
     dev = write_json(tmp_path / "dev.json", toy_records["dev"][:3])
-    max_steps, step_s, lead_s, limit_min = 8, 12, 100, 3
+    max_steps, step_s, lead_s, limit_min = 8, 32, 100, 3
     config = _yaml(tmp_path / "train.yaml", dict(
         n_passages=3, passage_max_tokens=32, batch_size_per_device=4, max_steps=max_steps,
         lr=1e-3, warmup_steps=2, eval_every_steps=100, save_every_steps=100, log_every_steps=1,
@@ -533,7 +631,8 @@ echo "fid exit status $?"
     assert f"requeued SLURM job {job}" in run_log
     assert f"resumed from {state / ('step-' + stop.group(1))}" in run_log
     steps = [r for r in _records(state / "metrics.jsonl") if r["kind"] == "train"]
-    assert max(r["step_time_s"] for r in steps[: int(stop.group(1))]) > 10  # KillWait
+    kill_wait = re.search(r"KillWait\s*=\s*(\d+)", slurm.run("scontrol", "show", "config"))
+    assert max(r["step_time_s"] for r in steps[: int(stop.group(1))]) > int(kill_wait.group(1))
     assert f"start 1 of this run (SLURM job {job})" in run_log
     assert f"start 2 of this run (SLURM job {job}, requeued 1 time)" in run_log
     # both starts in the job's SLURM log
@@ -552,7 +651,8 @@ def test_a_layout_the_cluster_cannot_hold_is_refused_before_any_submission(slurm
         ({"tasks_per_node": 3, "gres": "gpu:3"},
          "asks 2 node(s) with 3 CPUs, 1000 MB, 3 GPU(s) each; partition 'debug' (the default: "
          "no slurm_partition) has 0 such node(s)"),
-        ({"slurm_partition": "gpu"}, "partition 'gpu' does not exist (sinfo shows debug)"),
+        ({"slurm_partition": "gpu"},
+         "partition 'gpu' does not exist (sinfo shows debug, spot, urgent)"),
     ]:  # fmt: skip
         config = _config(tmp_path / "config.yaml")
         data = yaml.safe_load(config.read_text())
@@ -571,3 +671,36 @@ def test_a_layout_the_cluster_cannot_hold_is_refused_before_any_submission(slurm
         assert expected in message, message[-3000:]
         assert slurm.run("squeue", "-h", "-o", "%i").split() == queued_before
         assert not (workdir / "results").exists() and not (workdir / "logs" / "slurm").exists()
+
+
+def test_a_job_pending_on_a_limit_that_never_lifts_fails_instead_of_waiting(slurm, tmp_path):
+    """Issue 45.4: with `slurm_preflight: warn` (the override for a pre-flight that reads a
+    cluster wrong) a job over its partition's MaxTime is submitted, and SLURM keeps it PENDING
+    (PartitionTimeLimit) forever, which the plugin reports as running. The workflow's status
+    review cancels it and Snakemake sees a failure naming the rule, the reason and the
+    partition."""
+    config = _config(tmp_path / "config.yaml")
+    data = yaml.safe_load(config.read_text())
+    data["slurm_preflight"] = "warn"
+    data["resources"]["default"].update(slurm_partition="spot", runtime=60)  # MaxTime 30
+    config.write_text(yaml.safe_dump(data))
+    workdir = tmp_path / "work"
+    env = slurm.env(PATH=f"{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", HF_HUB_OFFLINE="1")
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+         "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(config),
+         "--slurm-no-account", "--jobs", "2", "--slurm-init-seconds-before-status-checks", "2",
+         "--retries", "0"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    message = result.stdout + result.stderr
+    print(f"\n[slurm] a job over MaxTime failed after {time.monotonic() - started:.0f} s")
+    assert result.returncode != 0, message[-3000:]
+    assert "(slurm_preflight: warn: submitted anyway)" in message, message[-3000:]
+    assert re.search(
+        r"SLURM job \d+ \(rule \w+(, wildcards \S+)?\) pends for PartitionTimeLimit, a limit no "
+        r"other job's end lifts \(partition spot\): cancelled", message
+    ), message[-3000:]  # fmt: skip
+    assert "no accounting database" in message  # squeue chosen over the plugin's default sacct
+    assert slurm.run("squeue", "-h", "-t", "PD", "-o", "%i") == ""
