@@ -192,7 +192,7 @@ def _choices(d: int) -> dict[str, Choice]:
         # nprobe 16 only: 10-bit codes scan slowly (faiss's generic decoder), 64 lists cost ~6x
         "ivf_pq_d2x10_p16": Choice(f"{ivf},PQ{d // 2}x10", knobs=[{"nprobe": 16}]),
         "ivf_pq_d3x10": Choice(f"{ivf},PQ{d // 3}x10", knobs=[{"nprobe": 16}]),
-        # build_index.refine_residual (fid.retrieval.residual_refine): a small IVF-PQ for the
+        # build_index.refine_residual (fid.retrieval.residual_codes): a small IVF-PQ for the
         # shortlist, re-scored in RAM from codes of what its codes miss. At d = 256: PQ16 +
         # PQ128x10 (16 + 160 B) and PQ32 + PQ128 + PQ16 (32 + 144 B), 184 B a passage with its
         # id: 3.9 GB at 21M. `res_d3x10` (d = 384 only) is PQ16 + PQ128x10 (3 dims a

@@ -26,7 +26,7 @@ from fid.runtime.disk_plan import (
 
 from fid.memory import disk_sizes
 from fid.retrieval.bm25 import text_statistics
-from fid.retrieval.residual_refine import code_bytes
+from fid.retrieval.residual_layout import code_bytes
 
 DISK_MISC_BYTES = 500_000  # configs, logs, evaluations, the report (0.34 MB: tiny demo)
 

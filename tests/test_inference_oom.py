@@ -1,4 +1,5 @@
-"""A batch of an inference command that runs out of memory is redone in halves (fid.runtime.oom).
+"""A batch of an inference command that runs out of memory is redone in halves
+(fid.runtime.oom_batch_halving).
 
 Out-of-memory errors are simulated with FID_INJECT_OOM="K:TOKENS" (from the K-th forward on, a
 batch of more than TOKENS real input tokens fails). Each command runs on tiny models twice, with
@@ -20,7 +21,8 @@ from conftest import write_json
 from fid.cli import main
 from fid.data.examples import load_examples
 from fid.data.reader_batches import ReaderCollator
-from fid.runtime.oom import INJECT_OOM, BatchSplitter, Injection, ItemDoesNotFit
+from fid.runtime.oom_batch_halving import BatchSplitter, ItemDoesNotFit
+from fid.runtime.oom_injection import INJECT_OOM, Injection
 
 # Passages of up to 200 tokens: the 8 toy questions' reader inputs hold 284 to 353 tokens (their
 # passages' lengths differ, so a piece of a batch may be padded shorter than the batch).

@@ -218,7 +218,7 @@ def test_embedding_space_warning_counts_passages_not_bytes(tmp_path, tiny_retrie
 
 
 def test_a_residual_budget_above_the_finest_coding_counts_what_it_uses():
-    from fid.retrieval.residual_refine import code_bytes
+    from fid.retrieval.residual_layout import code_bytes
 
     assert code_bytes(10**9, 256) == 256 + 2  # 8 bits a dimension and the float16 scale
     assert code_bytes(144, 256) == 144

@@ -1,4 +1,5 @@
-"""A step that runs out of memory is redone with its micro-batches split (fid.training.oom).
+"""A step that runs out of memory is redone with its micro-batches split
+(fid.training.step_oom_recovery).
 
 Out-of-memory errors are simulated with FID_INJECT_OOM="K:TOKENS[:RANK]": from the K-th forward
 on, a micro-batch above TOKENS tokens fails, as on a device that holds TOKENS tokens. Tiny
@@ -29,11 +30,12 @@ from fid.config import ReaderTrainConfig
 from fid.data.examples import load_examples
 from fid.data.reader_batches import ReaderCollator
 from fid.errors import ConfigError
+from fid.runtime.oom_injection import INJECT_OOM, Injection
 from fid.training.checkpoint import TrainingProgress
 from fid.training.manifest import verify_checkpoint
-from fid.training.oom import INJECT_OOM, Injection, StepRecovery, fit, halve
 from fid.training.reader import train_reader
 from fid.training.retriever import RetrieverTask
+from fid.training.step_oom_recovery import StepRecovery, fit, halve
 
 CPU = torch.device("cpu")
 STEPS = 3  # as test_training_matrix's _kill_after_step_1 expects

@@ -1,4 +1,5 @@
-"""Tests of fid.retrieval.residual_refine (`build_index.refine_residual`): a compressed index's
+"""Tests of the residual codes (`build_index.refine_residual`: fid.retrieval.residual_codes,
+residual_layout, residual_training, residual_files): a compressed index's
 shortlist re-scored in RAM from codes of what its own codes miss."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fid.errors import DataError
 from fid.retrieval.embeddings import save_embedding_shard
 from fid.retrieval.index import PassageIndex
 from fid.retrieval.index_build import build_passage_index
-from fid.retrieval.residual_refine import SCALE_BYTES, allocate
+from fid.retrieval.residual_layout import SCALE_BYTES, allocate
 
 MODEL = "tiny-retriever"
 
@@ -293,9 +294,9 @@ def test_an_index_built_before_the_weighting_and_scale_still_loads(tmp_path, mon
     q . x1 + q . r^ with the rotation as its own query map."""
     n, d = 2000, 32
     data, queries = clustered(n, d)
-    import fid.retrieval.residual_refine as residual_refine
+    import fid.retrieval.residual_training as residual_training
 
-    monkeypatch.setattr(residual_refine, "_weights", lambda sample: (np.eye(d), np.eye(d)))
+    monkeypatch.setattr(residual_training, "_weights", lambda sample: (np.eye(d), np.eye(d)))
     cfg = IndexConfig("IVF16,PQ4", nprobe=16, train_sample=n, shortlist=200, refine_residual=18)
     index = build_passage_index(data, ids(n), cfg, MODEL)
     folder = tmp_path / "index"
@@ -340,9 +341,9 @@ def test_a_budget_codes_the_score_error_not_the_vector_error(monkeypatch):
     data, questions = np.split(anisotropic(n + 500, d, seed=0), [n])
     cfg = IndexConfig("IVF16,PQ4", nprobe=16, train_sample=n, shortlist=50, refine_residual=18)
     weighted = build_passage_index(data, ids(n), cfg, MODEL)
-    import fid.retrieval.residual_refine as residual_refine
+    import fid.retrieval.residual_training as residual_training
 
-    monkeypatch.setattr(residual_refine, "_weights", lambda sample: (np.eye(d), np.eye(d)))
+    monkeypatch.setattr(residual_training, "_weights", lambda sample: (np.eye(d), np.eye(d)))
     plain = build_passage_index(data, ids(n), cfg, MODEL)
     assert np.allclose(
         plain.refinement.rotation.T @ plain.refinement.rotation, np.eye(d), atol=1e-5
@@ -441,16 +442,16 @@ def test_the_refinement_trains_on_passages_the_base_did_not(monkeypatch):
     IVF16384 on 131,072 of them: residual power 0.106 there, 0.137 elsewhere), so the
     refinement trains on passages the base's sample left out; where the sample took every
     passage there are none, and it trains on the same."""
-    import fid.retrieval.residual_refine as residual_refine
+    import fid.retrieval.index_build as index_build
 
     seen = []
-    train = residual_refine.ResidualRefinement.train.__func__
+    train = index_build.train_refinement
 
-    def spy(cls, spec, base, sample):
+    def spy(spec, base, sample):
         seen.append(sample)
-        return train(cls, spec, base, sample)
+        return train(spec, base, sample)
 
-    monkeypatch.setattr(residual_refine.ResidualRefinement, "train", classmethod(spy))
+    monkeypatch.setattr(index_build, "train_refinement", spy)
     data, _ = clustered(3000, 32)
     cfg = IndexConfig("IVF16,PQ4", nprobe=16, train_sample=1000, refine_residual="PQ16")
     build_passage_index(data, ids(3000), cfg, MODEL)

@@ -349,7 +349,7 @@ def plan_disk(args) -> None:
     )
     from fid.errors import InputError
     from fid.memory.disk_sizes import command_rows, model_width
-    from fid.retrieval.residual_refine import code_bytes
+    from fid.retrieval.residual_layout import code_bytes
     from fid.runtime.disk_plan import file_systems, format_plan, short
 
     missing = [f"--{n}" for n in _DISK_NEEDS[args.planned] if getattr(args, n) is None]

@@ -331,7 +331,7 @@ class IndexConfig:
             k_factor = shortlist / top_k); not with `rerank`. Also the shortlist re-scored with
             `refine_residual`.
         refine_residual: codes of what the factory's own codes miss of each passage, held in
-            RAM, from which a search re-scores the shortlist (fid.retrieval.residual_refine):
+            RAM, from which a search re-scores the shortlist (fid.retrieval.residual_codes):
             no vectors.npy, no disk read, finer than a Refine(...) of the same bytes. A byte
             budget a passage (e.g. 144: spread over the residual's principal axes by their
             variance) or product-quantizer stages ("PQ128", "PQ128x10", "PQ64+PQ64"). For an

@@ -19,7 +19,7 @@ from fid.metrics.answers import answer_metrics, describe_answer_metrics, exact_m
 from fid.runtime import distributed
 from fid.runtime.console import CONSOLE
 from fid.runtime.fileio import atomic_paths, atomic_write_json, atomic_write_jsonl
-from fid.runtime.oom import Injection
+from fid.runtime.oom_injection import Injection
 from fid.runtime.precision import autocast, resolve_precision
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Questions are processed in batches of similar total length (fid.inference.batching), so little
 padding is wasted; answers come back in the input order. A batch that runs out of memory is
-redone in two halves, the same answers (fid.runtime.oom).
+redone in two halves, the same answers (fid.runtime.oom_batch_halving).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from fid.data.reader_batches import ReaderCollator
 from fid.inference.accelerated_generation import accelerated_generate
 from fid.inference.batching import counted, length_sorted_batches
 from fid.models.reader import FiDReader
-from fid.runtime.oom import BatchSplitter, Injection
+from fid.runtime.oom_batch_halving import BatchSplitter
+from fid.runtime.oom_injection import Injection
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,8 @@ def generate_answers(
     `acceleration`: an EvalReaderConfig whose passage pruning or token elimination is on
     (fid.inference.accelerated_generation), or None for plain generation. A batch out of
     memory is redone in halves, the batch size lowered for the rest of the run
-    (fid.runtime.oom; `command` names the run in its warning, `injection`: simulated failures).
+    (fid.runtime.oom_batch_halving; `command` names the run in its warning, `injection`:
+    simulated failures).
     """
     predictions: list[str | None] = [None] * len(examples)
     accelerated = acceleration is not None and acceleration.accelerated

@@ -5,7 +5,8 @@ mass); with mode "pdist", the log-likelihood of the question's answer given each
 (Atlas's perplexity distillation); with "loop", how much the answer's log-likelihood given all
 the passages drops when one is left out (Atlas's leave-one-out perplexity distillation).
 
-A batch that runs out of memory is redone in two halves, equal scores (fid.runtime.oom).
+A batch that runs out of memory is redone in two halves, equal scores
+(fid.runtime.oom_batch_halving).
 
 `fid score-passages` writes each question file back with `reader_score` in every ctx: the
 reader's score for the passages it read (`FiDReader.passage_scores`: the original's mean
@@ -32,7 +33,8 @@ from fid.inference.batching import counted, length_sorted_batches, reader_and_co
 from fid.models.reader import FiDReader
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
-from fid.runtime.oom import BatchSplitter, Injection
+from fid.runtime.oom_batch_halving import BatchSplitter
+from fid.runtime.oom_injection import Injection
 from fid.runtime.precision import autocast
 
 logger = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def passage_scores(
     """Reader scores of the passages each question's reader input holds, in input order.
 
     A batch out of memory is redone in halves, the batch size lowered for the rest of the run
-    (fid.runtime.oom; `injection`: its simulated failures)."""
+    (fid.runtime.oom_batch_halving; `injection`: its simulated failures)."""
     scores: list[ReadScores | None] = [None] * len(examples)
     # PDist's and LOOP's answers, checked before any scoring: a question without one fails at once
     answers = [_answer(example, mode) for example in examples] if mode in ANSWER_MODES else None

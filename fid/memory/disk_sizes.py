@@ -152,7 +152,7 @@ def index_bytes(
 ) -> tuple[int, str]:
     """(bytes, basis) of a faiss index of the corpus: faiss's own code size a vector (and the
     inverted lists' 8-B ids, the coarse centroids, PQ codebooks), the passage ids, the residual
-    codes of refine_residual (`refine_bytes` a passage: fid.retrieval.residual_refine's
+    codes of refine_residual (`refine_bytes` a passage: fid.retrieval.residual_layout's
     code_bytes), and the float16 vectors kept for re-ranking."""
     import faiss
 

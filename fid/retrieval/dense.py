@@ -3,7 +3,7 @@
 `retrieve` (`rank_dense` for questions in memory) encodes questions (each rank its share),
 searches the faiss index and returns FiD-format records whose ctxs carry DPR's `has_answer`.
 Passages are embedded by fid.retrieval.embeddings. A batch of questions that runs out of memory
-is redone in two halves (fid.runtime.oom).
+is redone in two halves (fid.runtime.oom_batch_halving).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from fid.retrieval.index_sources import check_index_sources
 from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_write_json
-from fid.runtime.oom import BatchSplitter, Injection
+from fid.runtime.oom_batch_halving import BatchSplitter
+from fid.runtime.oom_injection import Injection
 from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
 
@@ -47,8 +48,8 @@ def encode_questions(
     """(q, D) float32 question embeddings in input order (each rank encodes its share).
 
     A batch out of memory is redone in halves, the batch size lowered for the rest of the run
-    (fid.runtime.oom); `ids`: the questions' ids, which its messages name (else their
-    positions); `injection`: its simulated failures."""
+    (fid.runtime.oom_batch_halving); `ids`: the questions' ids, which its messages name (else
+    their positions); `injection`: its simulated failures."""
     model.eval()
     shard = distributed.shard_indices(len(questions))
     out = np.empty((len(shard), model.dim), dtype=np.float32)

@@ -3,7 +3,7 @@
 `embed_passages` reads one contiguous shard of the passage file (so shards run as separate jobs),
 sorts passages by token length within chunks, so each batch is padded only to its own longest,
 and returns float16 embeddings with the passage ids. A batch that runs out of memory is redone
-in two halves (fid.runtime.oom).
+in two halves (fid.runtime.oom_batch_halving).
 
 Embedding shards are written by `fid embed-passages` (one job per shard). Shard `k` of `n` with
 path prefix `P` is three files: `P.npy` (float16, (n_k, D)), `P.ids.npy` (the passage ids, a
@@ -35,7 +35,8 @@ from fid.models.loading import load_retriever
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_paths, warn_if_short_of_space
-from fid.runtime.oom import BatchSplitter, Injection
+from fid.runtime.oom_batch_halving import BatchSplitter
+from fid.runtime.oom_injection import Injection
 from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
 from fid.text_files import read_json
@@ -62,7 +63,7 @@ def passage_embeddings(
     injection: Injection | None = None,
 ) -> tuple[np.ndarray, list[str]]:
     """Embeds passages in input order; a batch out of memory is redone in halves, the batch
-    size lowered for the rest of the run (fid.runtime.oom).
+    size lowered for the rest of the run (fid.runtime.oom_batch_halving).
 
     Args:
         model: the retriever (its passage encoder is used).

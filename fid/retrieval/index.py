@@ -7,7 +7,7 @@ faiss version, build time, and what identifies the encoder and corpus: index_sou
 passage vector as float16, memory-mapped when loaded (fid.retrieval.rerank); for one built with
 `refine_residual`, `refine_codes.npy`, `refine_pq<i>.faiss`, `refine_layout.json` and (for a
 byte budget) `refine_rotation.npy` and `refine_query_map.npy`: the residual codes that re-score a shortlist in RAM
-(fid.retrieval.residual_refine).
+(fid.retrieval.residual_codes; their files: fid.retrieval.residual_files).
 
 Any faiss `index_factory` string can be built ("Flat", "HNSW32", "IVF4096,PQ64", "SQ8", ...); see
 https://github.com/facebookresearch/faiss/wiki/The-index-factory and, for choosing one,
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +37,7 @@ import numpy as np
 from fid.config import ConfigError, IndexConfig
 from fid.errors import DataError
 from fid.retrieval.embeddings import load_npy
+from fid.retrieval.faiss_errors import faiss_message
 from fid.retrieval.rerank import (
     VECTORS_FILE,
     RowSource,
@@ -46,7 +46,8 @@ from fid.retrieval.rerank import (
     rescore,
     write_vectors,
 )
-from fid.retrieval.residual_refine import ResidualRefinement
+from fid.retrieval.residual_codes import ResidualRefinement
+from fid.retrieval.residual_files import load_refinement, save_refinement
 from fid.runtime.fileio import atomic_directory
 from fid.runtime.progress import progress
 from fid.text_files import read_json
@@ -57,13 +58,6 @@ METRICS = {"inner_product": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
 
 INDEX_FILE, IDS_FILE, META_FILE = "index.faiss", "ids.npy", "meta.json"
 _META_KEYS = ("dim", "metric", "count", "model", "factory", "nprobe", "ef_search")
-
-
-def faiss_message(error: Exception) -> str:
-    """The readable part of a faiss C++ error ("Error in <signature> at <file>:<line>: <text>")."""
-    text = str(error).strip()
-    match = re.search(r" at \S+:\d+: (.*)", text, flags=re.DOTALL)
-    return match.group(1).strip() if match else text
 
 
 class RankedIds(Sequence):
@@ -252,7 +246,7 @@ class PassageIndex:
             list is then shorter and the missing scores are -inf. With `rerank`, the scores
             are exact (from the float16 vectors) and the passages the best K of the
             compressed index's `shortlist` candidates; with `refine_residual`, the best K of
-            the shortlist by base score + the residual codes' (fid.retrieval.residual_refine).
+            the shortlist by base score + the residual codes' (fid.retrieval.residual_codes).
 
         Raises:
             ValueError: for queries that are not (Q, D) with the index's D, or k < 1.
@@ -330,7 +324,7 @@ class PassageIndex:
             if self.cfg.rerank:
                 write_vectors(tmp / VECTORS_FILE, self.vectors, self.cfg.add_batch_size)
             if self.refinement is not None:
-                self.refinement.save(tmp)
+                save_refinement(self.refinement, tmp)
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         logger.info("saved %r to %s", self, folder)
 
@@ -420,9 +414,7 @@ class PassageIndex:
         )
         refinement = None
         if cfg.refine_residual:
-            refinement = ResidualRefinement.load(
-                folder, cfg.refine_residual, meta["count"], meta["dim"]
-            )
+            refinement = load_refinement(folder, cfg.refine_residual, meta["count"], meta["dim"])
         loaded = cls(
             index,
             ids,

@@ -22,8 +22,10 @@ from fid.retrieval.embeddings import (
     first_duplicate,
     load_embedding_shards,
 )
-from fid.retrieval.index import METRICS, PassageIndex, faiss_message
-from fid.retrieval.residual_refine import ResidualRefinement, code_bytes
+from fid.retrieval.faiss_errors import faiss_message
+from fid.retrieval.index import METRICS, PassageIndex
+from fid.retrieval.residual_layout import code_bytes
+from fid.retrieval.residual_training import add_passages, check_base, train_refinement
 from fid.runtime.fileio import warn_if_short_of_space
 from fid.runtime.progress import progress
 
@@ -100,8 +102,8 @@ def build_passage_index(
         # closer than on the rest (an IVF16384's k-means puts a centroid among every ~40), so
         # their residuals would be too small a sample of what the refinement must code
         sample = _training_sample(embeddings, cfg, held_out=sample is not None)
-        refinement = ResidualRefinement.train(cfg.refine_residual, index, sample)
-        refinement.check_base(index, cfg.factory, sample)
+        refinement = train_refinement(cfg.refine_residual, index, sample)
+        check_base(index, cfg.factory, sample)
     del sample
     codes = []
     with progress(desc="index", unit="passages", total=n, log=logger) as bar:
@@ -110,7 +112,7 @@ def build_passage_index(
             if refinement is None:
                 index.add(batch)
             else:
-                codes.append(refinement.add(index, batch))
+                codes.append(add_passages(refinement, index, batch))
             bar.update(len(batch))
     if refinement is not None:
         refinement.codes = np.concatenate(codes)

@@ -1,6 +1,7 @@
-"""Running out of device memory: what training and inference share, and inference's recovery.
+"""An inference batch that runs out of device memory is redone in halves (`BatchSplitter`).
 
-Training redoes a whole optimizer step in smaller micro-batches (fid.training.oom). Inference
+Training redoes a whole optimizer step in smaller micro-batches (fid.training.step_oom_recovery,
+which frees the failed attempt's memory with this module's `free_memory`). Inference
 (`fid score-passages`, `fid eval-reader`, `fid embed-passages`, the question encoding of
 `fid retrieve`) has no step to redo: each batch's outputs depend on that batch only, so
 `BatchSplitter` redoes just the batch that ran out of memory. When a batch raises
@@ -9,11 +10,12 @@ Training redoes a whole optimizer step in smaller micro-batches (fid.training.oo
 in two halves of items (the first holds the odd one) and the halves are run, each cut again if
 it too fails. The batch size (items per forward) is lowered to the larger half's for the rest
 of the run: every later batch (and what is left of this one) is cut into pieces within it of
-about equal sizes. Each lowering is one WARNING naming the command and the old and new size. Each piece is a contiguous run of the batch's items and its outputs
-go to the same places, so the outputs are the unsplit run's: equal where the computation does
-not depend on the batch's padding, within float32 round-off where it does (a piece may be
-padded shorter than the batch it came from); tests/test_inference_oom.py says which. Nothing
-is written until every batch has run, so a run that fails writes nothing.
+about equal sizes. Each lowering is one WARNING naming the command and the old and new size.
+Each piece is a contiguous run of the batch's items and its outputs go to the same places, so
+the outputs are the unsplit run's: equal where the computation does not depend on the batch's
+padding, within float32 round-off where it does (a piece may be padded shorter than the batch
+it came from); tests/test_inference_oom.py says which. Nothing is written until every batch
+has run, so a run that fails writes nothing.
 
 One item (a question with its passages, or one passage) that alone runs out of memory ends the
 run with `ItemDoesNotFit`, naming the item and its tokens (exit status 1, nothing written).
@@ -23,79 +25,32 @@ gather the outputs at the end. Where they run every forward together (a sharded 
 evaluation in training, `distributed.every_rank_does_all`) the error is not recovered: a rank
 that redid a forward alone would leave the others inside its collectives.
 
-Testing aid, shared with training: `FID_INJECT_OOM="K:TOKENS"` makes the K-th forward of the
-process (counting from 1, redone ones too; an inference command counts its batches' forwards)
-and every later one raise `torch.OutOfMemoryError` when it holds more than TOKENS tokens: a
-device that from then on holds TOKENS tokens. `FID_INJECT_OOM="K:TOKENS:RANK"` does so on that
-rank only. Read once per run (`Injection.from_env`); never set it for real runs. Training
-counts a micro-batch's tokens as its `TrainTask.item_tokens`; inference counts a batch's real
-(not padding) input tokens, the sum of its attention mask: for the reader every passage slot's
-question, title and passage tokens after truncation; for the retriever each passage's or
-question's tokens after truncation, special tokens included. Padding does not count, so a
-batch's count is the sum of its items' and does not change when the batch is cut.
+Simulated failures for tests (`FID_INJECT_OOM`, shared with training): fid.runtime.oom_injection.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import torch
 
-from fid.errors import ConfigError, InputError
+from fid.errors import InputError
 from fid.runtime import distributed
+from fid.runtime.oom_injection import Injection
 
 logger = logging.getLogger(__name__)
 
-INJECT_OOM = "FID_INJECT_OOM"
-
 Item = TypeVar("Item")
-
-
-@dataclass(frozen=True)
-class Injection:
-    """Simulated out-of-memory errors (a testing aid: the module docstring)."""
-
-    from_forward: int  # 1-based: the first forward that may fail
-    above_tokens: int  # forwards with more tokens fail
-
-    @classmethod
-    def from_env(cls, rank: int, environ: Mapping[str, str] = os.environ) -> Injection | None:
-        value = environ.get(INJECT_OOM)
-        if not value:
-            return None
-        parts = value.split(":")
-        try:
-            numbers = [int(part) for part in parts]
-        except ValueError:
-            numbers = []
-        if len(numbers) not in (2, 3) or numbers[0] < 1 or numbers[1] < 0:
-            raise ConfigError(
-                f"{INJECT_OOM}={value!r}: expected K:TOKENS or K:TOKENS:RANK (K >= 1, TOKENS "
-                f">= 0). Hint: it is a testing aid; unset it"
-            )
-        if len(numbers) == 3 and numbers[2] != rank:
-            return None
-        logger.warning("%s=%s: simulated out-of-memory errors (a testing aid)", INJECT_OOM, value)
-        return cls(numbers[0], numbers[1])
-
-    def check(self, forward: int, tokens: int) -> None:
-        """Raises `torch.OutOfMemoryError` for the `forward`-th forward (1-based) of `tokens`
-        tokens when this injection makes it fail."""
-        if forward >= self.from_forward and tokens > self.above_tokens:
-            raise torch.OutOfMemoryError(
-                f"{INJECT_OOM}: forward {forward}, {tokens} tokens > {self.above_tokens}"
-            )
 
 
 def free_memory(device: torch.device) -> None:
     """After an out-of-memory error (once its `except` block is left): the tensors of the failed
     attempt collected and, on CUDA, the cached blocks released, so that the redo may allocate
-    them in other sizes."""
+    them in other sizes (an inference batch's halves here, a training step's smaller
+    micro-batches in fid.training.step_oom_recovery)."""
     gc.collect()  # a cycle through the failed attempt's frames would hold its tensors
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -217,3 +172,6 @@ def _tokens(inputs: Any) -> int:
     """The real tokens of a forward's inputs: the sum of their attention mask."""
     mask = inputs["attention_mask"] if isinstance(inputs, Mapping) else inputs.attention_mask
     return int(mask.sum())
+
+
+__all__ = ["BatchSplitter", "ItemDoesNotFit", "free_memory", "halves"]

@@ -7,11 +7,11 @@ micro-batch means, not the loss of the step's union; here each micro-batch's mea
 weighted by its items (target tokens for the reader, questions for the retriever) over the
 step's items on all ranks (torchtune's recipe; transformers' `num_items_in_batch` fix of 2024).
 The same weights keep a step whose micro-batches were split after running out of memory
-(fid.training.oom) the gradient of the unsplit step.
+(fid.training.step_oom_recovery) the gradient of the unsplit step.
 
 With several replicas (not sharded) the micro-batches' gradients accumulate locally and
 `fid.training.replicas.average_gradients` all-reduces them once the step's every micro-batch
-has passed on every rank (fid.training.oom says why).
+has passed on every rank (fid.training.step_oom_recovery says why).
 """
 
 from __future__ import annotations

@@ -78,8 +78,8 @@ class TrainingProgress:
     best_metric: float | None = None
     best_step: int | None = None
     # Micro-batches above this many tokens are split in two: lowered after a step ran out of
-    # memory (fid.training.oom), kept so a resumed run splits its steps alike. None: no limit
-    # (checkpoints of an older fid have no entry).
+    # memory (fid.training.step_oom_recovery), kept so a resumed run splits its steps alike.
+    # None: no limit (checkpoints of an older fid have no entry).
     micro_batch_token_limit: int | None = None
 
 

@@ -232,7 +232,7 @@ def _start(task: TrainTask, cfg: TrainingConfig, state_dir: Path, optimization: 
     if layout.world_size > 1 and not layout.sharded:
         # Whole replicas, their gradients averaged after each step by hand rather than by DDP
         # inside the last backward: a step out of memory on one rank is then redone by all
-        # (fid.training.replicas, fid.training.oom).
+        # (fid.training.replicas, fid.training.step_oom_recovery).
         replicas.broadcast_weights(task.model)
     if progress.micro_batch_token_limit is not None:
         logger.info("micro-batches above %d tokens are split (the limit set after a step ran "

@@ -21,9 +21,9 @@ from fid.models.settings import ReaderSettings
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
 from fid.training import sharding
-from fid.training.oom import halve
 from fid.training.runs import train_and_export
 from fid.training.sharded_weights import export_weights_from_shards, load_weights_into_shards
+from fid.training.step_oom_recovery import halve
 
 logger = logging.getLogger(__name__)
 

@@ -5,9 +5,10 @@ DDP all-reduces gradients inside the backward of the last micro-batch. A rank th
 of memory there (or in any forward or backward before it) leaves the others waiting in that
 all-reduce, and DDP's reducer cannot go back to a step it began. Here no collective happens
 inside a forward or backward: the ranks first agree that the step fitted everywhere
-(fid.training.oom), then `average_gradients` all-reduces. The price is that the all-reduce no
-longer overlaps the backward; DDP's buckets (a second copy of every gradient) are not held.
-`broadcast_weights` does what DDP's constructor did: every rank starts from rank 0's weights.
+(fid.training.step_oom_recovery), then `average_gradients` all-reduces. The price is that the
+all-reduce no longer overlaps the backward; DDP's buckets (a second copy of every gradient) are
+not held. `broadcast_weights` does what DDP's constructor did: every rank starts from rank 0's
+weights.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ from fid.models.folder_checks import check_retriever
 from fid.models.retriever import DualEncoder, DualEncoderSpec, RetrieverTokenizer
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
-from fid.training.oom import halve
 from fid.training.runs import train_and_export
+from fid.training.step_oom_recovery import halve
 
 logger = logging.getLogger(__name__)
 

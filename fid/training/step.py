@@ -1,6 +1,6 @@
 """One optimizer step as a unit: this rank's micro-batches -> gradients accumulated (a step out of
-memory split and redone, fid.training.oom) -> averaged over the ranks -> checked -> the update
-(or none) -> the schedule.
+memory split and redone, fid.training.step_oom_recovery) -> averaged over the ranks -> checked
+-> the update (or none) -> the schedule.
 
 The check: a step updates the weights only when its loss is finite on every rank and its
 gradient norm is finite (fp16's loss scaler checks the gradients itself). A finite loss can
@@ -31,7 +31,7 @@ from fid.config import ConfigError, TrainingConfig
 from fid.training import replicas, sharding
 from fid.training.accumulation import accumulate_gradients
 from fid.training.checkpoint import TrainingProgress
-from fid.training.oom import StepRecovery
+from fid.training.step_oom_recovery import StepRecovery
 from fid.training.task import TrainTask
 from fid.training.update import apply_update, finite_everywhere, stop_if_diverged
 

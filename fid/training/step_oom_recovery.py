@@ -30,8 +30,8 @@ Testing aid: `FID_INJECT_OOM="K:TOKENS"` makes the K-th micro-batch forward of t
 (counting from 1, redone ones too) and every later one raise `torch.OutOfMemoryError` when its
 micro-batch holds more than TOKENS tokens (as `TrainTask.item_tokens` counts them): a device
 that from then on holds TOKENS tokens. `FID_INJECT_OOM="K:TOKENS:RANK"` does so on that rank
-only. Read once per run, here (`Injection.from_env`, fid.runtime.oom, which inference shares);
-never set it for real training.
+only. Read once per run, here (`Injection.from_env`, fid.runtime.oom_injection, which
+inference shares); never set it for real training.
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ from torch import nn
 
 from fid.errors import InputError
 from fid.runtime import distributed
-from fid.runtime.oom import INJECT_OOM, Injection, free_memory
+from fid.runtime.oom_batch_halving import free_memory
+from fid.runtime.oom_injection import Injection
 from fid.training.checkpoint import TrainingProgress, rng_state, set_rng_state
 from fid.training.task import TrainTask
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["INJECT_OOM", "Injection", "MicroBatchDoesNotFit", "StepRecovery", "fit", "halve"]
+__all__ = ["MicroBatchDoesNotFit", "StepRecovery", "fit", "halve"]
 
 
 class MicroBatchDoesNotFit(InputError):

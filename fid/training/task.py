@@ -36,7 +36,7 @@ class TrainTask(Protocol):
 
     def item_tokens(self, batch: Any) -> int:
         """The tokens of a micro-batch that its memory grows with: what the token limit of a
-        run that ran out of memory is compared with (fid.training.oom)."""
+        run that ran out of memory is compared with (fid.training.step_oom_recovery)."""
 
     def split(self, batch: Any) -> list[Any]:
         """The micro-batch as two of about equal tokens whose `loss_items`-weighted losses
