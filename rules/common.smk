@@ -20,6 +20,7 @@ from fid.config import ConfigError, check_unique_keys, config_from_dict
 from fid.config import EmbedPassagesConfig, EvalReaderConfig, EvalRetrievalConfig
 from fid.config import InitReaderConfig, InitRetrieverConfig, ReaderTrainConfig
 from fid.config import RetrieveConfig, RetrieverTrainConfig, ScorePassagesConfig
+from fid.config import SCORE_MODES, reader_temperature_for
 from fid.config import DemoDataConfig, ScaleDataConfig
 from fid.config import DownloadConfig
 from fid.config import IndexConfig
@@ -121,13 +122,17 @@ WHERE = {
     f"eval_reader_fast_{name}": f"eval_reader_accelerations.{name}"
     for name in ACCELERATIONS
 }
+# a signal's stage -> (the signal, its section, the round's own stage it goes over)
+SIGNAL_STAGES = {}
 for name, knobs in SIGNALS.items():
-    for stage, (cls, base) in {
-        "score_passages": (ScorePassagesConfig, section("score_passages")),
-        "retriever": STAGES[OWN_RETRIEVER],
-    }.items():
+    for stage, own in (
+        ("score_passages", "score_passages"),
+        ("retriever", OWN_RETRIEVER),
+    ):
+        cls, base = STAGES[own]
         STAGES[f"{stage}_signal_{name}"] = (cls, {**base, **(knobs.get(stage) or {})})
         WHERE[f"{stage}_signal_{name}"] = f"distillation_signals.{name}.{stage}"
+        SIGNAL_STAGES[f"{stage}_signal_{name}"] = (name, stage, own)
 for split, spec in (DATA.get("questions") or {}).items():
     STAGES[f"prepare_{split}"] = (PrepareQuestionsConfig, spec.get("prepare") or {})
 # What retrieval writes is one workflow key: every later rule reads it the same way.
@@ -141,6 +146,82 @@ for stage in ("bm25", "retrieve"):
     # fid_json is fid's default: the stage files of other runs stay as they were
     if COMPACT:
         STAGES[stage][1]["list_format"] = "compact"
+
+
+def knob_key(stage, key):
+    """The config key that sets knob `key` of a stage: a signal's own, else the round's
+    section's it inherits; a later round's override, else the section's."""
+    if stage in SIGNAL_STAGES:
+        name, part, own = SIGNAL_STAGES[stage]
+        if key in ((SIGNALS[name] or {}).get(part) or {}):
+            return f"distillation_signals.{name}.{part}.{key}"
+        return knob_key(own, key)
+    if stage.endswith("_later"):
+        part = stage.removesuffix("_later")
+        if key in ((config.get("later_rounds") or {}).get(part) or {}):
+            return f"later_rounds.{part}.{key}"
+        return f"{part}.{key}"
+    return f"{WHERE.get(stage, stage)}.{key}"
+
+
+# A teacher's temperature belongs to the scale of its scores (config/README.md "The
+# retriever's teacher"): each retriever stage trains with the number of the mode its scores
+# were written with (reader_temperature may be given per mode), and a signal that scores in
+# another mode than its round does not inherit a number chosen for the round's mode: pdist
+# would silently train at attention mass's 0.1, and EMDR2 would be refused for it.
+SCORING = {"retriever": "score_passages", "retriever_later": "score_passages"}
+SCORING |= {f"retriever_signal_{n}": f"score_passages_signal_{n}" for n in SIGNALS}
+
+
+def score_mode(stage):
+    return STAGES[stage][1].get("mode", ScorePassagesConfig.mode)
+
+
+for retriever, scoring in SCORING.items():
+    cls, knobs = STAGES[retriever]
+    if "reader_temperature" not in knobs:
+        continue
+    key, value = knob_key(retriever, "reader_temperature"), knobs["reader_temperature"]
+    mode, round_mode = score_mode(scoring), score_mode("score_passages")
+    if mode not in SCORE_MODES:  # refused, with its key, by the checks below
+        continue
+    if not isinstance(value, dict) and not key.startswith("distillation_signals."):
+        if mode != round_mode:  # a signal's, inherited
+            signal = SIGNAL_STAGES[retriever][0]
+            fail(
+                f"distillation_signals.{signal}.retriever.reader_temperature",
+                f"the signal scores with mode '{mode}', and {key} = {value} is the "
+                f"temperature of the round's mode '{round_mode}'",
+                f"set it for the signal, or give {key} per mode "
+                f"({{{round_mode}: {value}}}: the modes it does not name use 1.0)",
+            )
+    try:
+        value = reader_temperature_for(value, mode)
+    except ConfigError as error:
+        fail(
+            key,
+            str(error),
+            "e.g. {attention_mass: 0.1}: the modes it does not name use 1.0",
+        )
+    knobs = {k: v for k, v in knobs.items() if k != "reader_temperature"}
+    if value is not None:  # else RetrieverTrainConfig's default
+        knobs["reader_temperature"] = value
+    STAGES[retriever] = (cls, knobs)
+
+
+def inherited_hint(stage, error):
+    """For a signal's stage: which knob named in `error` it inherits, and where to set its own."""
+    if stage not in SIGNAL_STAGES:
+        return None
+    name, part, _ = SIGNAL_STAGES[stage]
+    for key in STAGES[stage][1]:
+        origin = knob_key(stage, key)
+        named = re.search(rf"\b{key} = ", str(error))
+        if named and not origin.startswith("distillation_signals."):
+            return f"{key} comes from {origin}: set distillation_signals.{name}.{part}.{key}"
+    return None
+
+
 CHECKED = {}  # stage -> its knobs as its job reads them
 for stage, (cls, knobs) in STAGES.items():
     where = WHERE.get(stage, stage)
@@ -149,7 +230,8 @@ for stage, (cls, knobs) in STAGES.items():
             knobs, cls, source=f"config section '{where}'"
         )
     except ConfigError as error:
-        raise WorkflowError(f"{error}. Hint: see {cls.__name__}.") from None
+        hint = inherited_hint(stage, error) or f"see {cls.__name__}"
+        raise WorkflowError(f"{error}. Hint: {hint}.") from None
     if stage.startswith("eval_reader_fast_") and not CHECKED[stage].accelerated:
         fail(
             where, "sets neither keep_passages nor keep_tokens", "set one, or remove it"
@@ -157,9 +239,7 @@ for stage, (cls, knobs) in STAGES.items():
 
 # Cross-key checks the schema cannot express; then every data file must exist or be made.
 # EMDR2 reads reader_score as log p(answer | question, passage): only pdist writes that.
-_chains = {"retriever": "score_passages", "retriever_later": "score_passages"}
-_chains |= {f"retriever_signal_{n}": f"score_passages_signal_{n}" for n in SIGNALS}
-for retriever, scoring in _chains.items():
+for retriever, scoring in SCORING.items():
     if CHECKED[retriever].objective == "emdr2" and CHECKED[scoring].mode != "pdist":
         fail(
             # (round 0's section fails first: later, the objective comes from later_rounds)

@@ -25,6 +25,7 @@ from fid.config import (
     ScorePassagesConfig,
     config_from_dict,
     load_config,
+    reader_temperature_for,
 )
 
 
@@ -72,6 +73,26 @@ def test_emdr2_knobs_that_mean_nothing_are_refused(data, message):
     with pytest.raises(ConfigError, match="cfg.yaml") as error:
         config_from_dict(data, RetrieverTrainConfig, source="cfg.yaml")
     assert message in str(error.value)
+
+
+def test_the_workflows_reader_temperature_per_score_mode():
+    """A mapping gives each mode its number, and a mode it does not name none (the dataclass's
+    1.0); a number is the section's own. Bad keys and values are refused, named."""
+    per_mode = {"attention_mass": 0.1, "loop": 2}
+    assert reader_temperature_for(per_mode, "attention_mass") == 0.1
+    assert reader_temperature_for(per_mode, "loop") == 2
+    assert reader_temperature_for(per_mode, "pdist") is None
+    assert reader_temperature_for(0.5, "pdist") == 0.5
+    for bad, message in [
+        ({"pdst": 0.1}, "'pdst' is no score_passages mode: expected a number, or a mapping "
+                        "from modes (mean_logit, attention_mass, pdist, loop) to numbers"),
+        ({"pdist": "sharp"}, "pdist = 'sharp' has the wrong type: expected a number"),
+        ({"pdist": True}, "pdist = True has the wrong type: expected a number"),
+        ({"loop": 0}, "loop = 0 is out of range: expected >= 1e-06"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as error:
+            reader_temperature_for(bad, "pdist")
+        assert str(error.value) == message
 
 
 def test_retriever_selection_rank_below_the_candidate_count():

@@ -295,3 +295,36 @@ def test_loop_projects_cross_attention_keys_and_values_once_a_question(
             assert isinstance(block.layer[1].EncDecAttention.v, torch.nn.Linear)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5, equal_nan=True)
     assert torch.isnan(ours[2, 4:]).all() and not torch.isnan(ours[:, :4]).any()
+
+
+def test_loop_scores_a_lone_passage_0_at_every_batch_size(
+    tiny_t5, tokenizer, toy_records, tmp_path
+):
+    """LOOP is undefined for a question with one passage (nothing is left when it is left out):
+    its score is exactly 0.0, whatever the scoring batch size, and a question with several
+    passages scores the same beside it as alone. (The all-masked copy used to decode over
+    whatever padding its batch had: -0.056 at batch 1, +0.219 at 8.)"""
+    from fid.inference.scoring import passage_scores
+
+    examples = load_examples(write_json(tmp_path / "q.json", toy_records["dev"][:8]))
+    for example in examples[::2]:  # questions 0, 2, 4, 6: one passage each
+        example.ctxs = example.ctxs[:1]
+    collator = ReaderCollator(tokenizer, n_passages=6, passage_max_tokens=48)
+    reader = FiDReader(tiny_t5, encoder_buckets=2).eval()
+    cpu = torch.device("cpu")
+
+    def scores(chosen, batch_size):
+        with torch.no_grad():
+            found = passage_scores(reader, collator, chosen, batch_size, "loop", cpu)
+        return [read.values for read in found]
+
+    lone = examples[::2]
+    for batch_size in (1, 8):
+        assert [v.tolist() for v in scores(lone, batch_size)] == [[0.0]] * 4, batch_size
+    mixed = scores(examples, 8)  # lone and 6-passage questions in one batch
+    assert [v.tolist() for v in mixed[::2]] == [[0.0]] * 4
+    for i in range(1, 8, 2):
+        alone = scores([examples[i]], 1)[0]
+        assert len(alone) == 6 and (alone != 0).all()
+        torch.testing.assert_close(torch.from_numpy(mixed[i]), torch.from_numpy(alone),
+                                   atol=1e-5, rtol=1e-5)  # fmt: skip

@@ -18,6 +18,7 @@ from fid.config.loading import (
     load_yaml,
 )
 from fid.config.reader import (
+    SCORE_MODES,
     EvalReaderConfig,
     GenerationConfig,
     InitReaderConfig,
@@ -33,10 +34,12 @@ from fid.config.retrieval import (
     InitRetrieverConfig,
     RetrieveConfig,
     RetrieverTrainConfig,
+    reader_temperature_for,
 )
 from fid.config.training import TrainingConfig
 
 __all__ = [
+    "SCORE_MODES",
     "BM25Config",
     "ConfigError",
     "DemoDataConfig",
@@ -58,6 +61,7 @@ __all__ = [
     "ScorePassagesConfig",
     "TrainingConfig",
     "WorldConfig",
+    "reader_temperature_for",
     "check_finite",
     "check_range",
     "check_unique_keys",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -152,6 +153,11 @@ class EvalReaderConfig(GenerationConfig):
         return self.keep_passages is not None or self.keep_tokens is not None
 
 
+# The teachers `fid score-passages` writes (ScorePassagesConfig.mode).
+ScoreMode = Literal["mean_logit", "attention_mass", "pdist", "loop"]
+SCORE_MODES: tuple[str, ...] = typing.get_args(ScoreMode)
+
+
 @dataclass(frozen=True)
 class ScorePassagesConfig(ReaderInputConfig):
     """`fid score-passages`: re-score each read passage with the reader's cross-attention.
@@ -167,15 +173,16 @@ class ScorePassagesConfig(ReaderInputConfig):
             train-retriever's `reader_temperature` is PDist's temperature. "loop": Atlas's
             leave-one-out perplexity distillation, how much log p(answer | question, all
             passages) drops when the passage is left out (its tokens masked from the
-            decoder's cross-attention; the encoding is computed once). Both decode N inputs a
-            question: costlier than the attention scores.
+            decoder's cross-attention; the encoding is computed once); a question's only
+            passage scores 0 (nothing is left without it). Both decode N inputs a question:
+            costlier than the attention scores.
         precision: fp32 by default, everywhere: the scores are the retriever's teacher, and
             the original computed them in fp32 (bf16 moves near-tied passages' order).
         override_model_settings: as in EvalReaderConfig.
     """
 
     batch_size: int = 8
-    mode: Literal["mean_logit", "attention_mass", "pdist", "loop"] = "mean_logit"
+    mode: ScoreMode = "mean_logit"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
     override_model_settings: bool = False
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fid.config.loading import ConfigError, check_range
+from fid.config.reader import SCORE_MODES
 from fid.config.training import TrainingConfig
 
 METHODS = ("robertson", "lucene", "bm25+", "bm25l", "atire")
@@ -214,6 +215,36 @@ class RetrieverTrainConfig(TrainingConfig):
                 f"{self.n_passages} candidates of each dev question: it is the same for every "
                 f"model; expected a rank k < n_passages"
             )
+
+
+def reader_temperature_for(value: Any, mode: str) -> Any:
+    """The `reader_temperature` a workflow retriever stage trains with on scores of `mode`.
+
+    A temperature belongs to the scale of the scores it divides: attention mass lies in [0, 1]
+    and is sharpened into a teacher (the demo's 0.1), where a log-likelihood (pdist), its drop
+    (loop) or a mean logit are used as they are (1.0, RetrieverTrainConfig's default, which
+    EMDR2 requires). So the workflow's retriever sections may give it per mode,
+    `{attention_mass: 0.1}`, and every stage, a distillation signal's included, gets the number
+    of the mode its scores were written with, or None (not set: the default) for a mode the
+    mapping does not name. A number (or anything else: the dataclass checks it) is returned as
+    it is.
+
+    Raises:
+        ConfigError: a mapping with a key that is no score_passages mode, or a value that is
+            no number > 0 (the caller names the config key).
+    """
+    if not isinstance(value, dict):
+        return value
+    for name, number in value.items():
+        if name not in SCORE_MODES:
+            raise ConfigError(
+                f"{name!r} is no score_passages mode: expected a number, or a mapping from "
+                f"modes ({', '.join(SCORE_MODES)}) to numbers"
+            )
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise ConfigError(f"{name} = {number!r} has the wrong type: expected a number")
+        check_range(name, number, low=1e-6)
+    return value.get(mode)
 
 
 @dataclass(frozen=True)

@@ -348,6 +348,13 @@ class FiDReader(nn.Module):
         keys and values are projected once a question and shared by its copies, decoded
         `rows_per_pass` at a time (`_leave_one_out_question`).
 
+        A question with one passage scores it 0.0, decoding nothing: left out, it leaves no
+        passage, and a decoder that cross-attends to nothing has no defined likelihood (its
+        all-masked attention fell on whatever padding the batch had, so the score changed with
+        the batch size). 0 is the neutral score: the teacher over one passage,
+        softmax(score / temperature), is 1 whatever it is, and EMDR2 reads none (it trains on
+        pdist's scores).
+
         Args:
             input_ids: (B, N, L).
             attention_mask: (B, N, L).
@@ -362,7 +369,9 @@ class FiDReader(nn.Module):
         real = attention_mask.sum(dim=-1) > 0  # (B, N)
         for b in range(B):
             slots = real[b].nonzero().squeeze(1)  # (K,) the question's real passage slots
-            if len(slots):
+            if len(slots) == 1:
+                scores[b, slots] = 0.0
+            elif len(slots):
                 likelihoods = self._leave_one_out_question(
                     encoding, b, slots, labels[b], rows_per_pass
                 )  # (K + 1,): all passages, then each slot left out

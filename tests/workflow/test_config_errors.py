@@ -90,6 +90,32 @@ def test_distillation_signal_knobs_checked_where_they_are_set(tmp_path):
     _fails(tmp_path, config, "'a/b' does not match")
 
 
+def test_a_signal_takes_its_modes_reader_temperature(tmp_path):
+    """A number is the temperature of the round's own mode: a signal that scores in another
+    does not inherit it (pdist trained silently at attention mass's 0.1, and EMDR2 stopped the
+    run for it). The refusal names the signal's key, as does an inherited value the signal's
+    own knobs refuse, and a per-mode mapping with a key that is no mode (issue 49 item 3)."""
+    retriever = yaml.safe_load(DEMO.read_text())["retriever"]
+    numbered = {**retriever, "reader_temperature": 0.1}
+    signals = {"pd": {"score_passages": {"mode": "pdist"}}}
+    config = write_config(tmp_path / "c.yaml", DEMO, retriever=numbered,
+                          distillation_signals=signals)  # fmt: skip
+    _fails(tmp_path, config,
+           "config key 'distillation_signals.pd.retriever.reader_temperature': the signal scores "
+           "with mode 'pdist', and retriever.reader_temperature = 0.1 is the temperature of the "
+           "round's mode 'attention_mass'")  # fmt: skip
+    own = {**retriever, "reader_temperature": {"pdist": 0.5}}
+    signals = {"em": {"score_passages": {"mode": "pdist"}, "retriever": {"objective": "emdr2"}}}
+    config = write_config(tmp_path / "c.yaml", DEMO, retriever=own, distillation_signals=signals)
+    _fails(tmp_path, config, "reader_temperature = 0.5 with objective = 'emdr2'",
+           "Hint: reader_temperature comes from retriever.reader_temperature: set "
+           "distillation_signals.em.retriever.reader_temperature")  # fmt: skip
+    bad = {**retriever, "reader_temperature": {"attention": 0.1}}
+    config = write_config(tmp_path / "c.yaml", DEMO, retriever=bad)
+    _fails(tmp_path, config, "config key 'retriever.reader_temperature': 'attention' is no "
+           "score_passages mode")  # fmt: skip
+
+
 def test_a_key_given_twice_names_both_lines(tmp_path):
     """Snakemake's loader keeps the last of two keys: a signal named twice ran the second's
     mode. The workflow refuses the file, naming the key and both lines."""
