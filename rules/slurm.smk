@@ -162,10 +162,12 @@ def check_layouts_against_partitions(refuse=True):
             "could not ask sinfo for the partitions (%s): job layouts unchecked", error
         )
         return
-    rules = {job.rule.name for job in workflow.dag.needrun_jobs()}
+    jobs = {}
+    for job in workflow.dag.needrun_jobs():
+        jobs.setdefault(job.rule.name, []).append(job)
     layouts = [
-        layout_of(name, _resources(name))
-        for name in sorted(rules - set(workflow._localrules))
+        layout_of(name, _request_with_data(name, jobs[name]))
+        for name in sorted(set(jobs) - set(workflow._localrules))
     ]
     refused = layouts_refused(layouts, groups)
     if refused and refuse:
@@ -178,6 +180,23 @@ def check_layouts_against_partitions(refuse=True):
         logging.getLogger("fid").warning(
             "%s (slurm_preflight: warn: submitted anyway)", message
         )
+
+
+def _request_with_data(rule_name, jobs):
+    """The rule's resources, a planned training rule's mem_mb with the data-dependent part of
+    its request where its lists exist already (the largest of its jobs'; a list still to be
+    made counts as empty, the plan's floor)."""
+    r = _resources(rule_name)
+    mem_mb = planned_mem_mb(rule_name).get("mem_mb")
+    if mem_mb is None:
+        return r
+    known = []
+    for job in jobs:
+        try:
+            known.append(mem_mb(job.wildcards, job.input))
+        except OSError:  # an input this run makes: its size is not known yet
+            continue
+    return {**r, "mem_mb": max([r.get("mem_mb", 0), *known])}
 
 
 def review_slurm_job_states():
