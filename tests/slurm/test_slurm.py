@@ -118,15 +118,15 @@ def _config(path: Path) -> Path:
     return path
 
 
-def _jobs_of(slurm, rule: str, wildcards: str) -> list[dict[str, str]]:
-    """Every job (any state; squeue keeps ended ones MinJobAge s) whose comment names this rule
-    and wildcards: the plugin writes `rule_<rule>_wildcards_<values joined by _>` into
-    --comment."""
-    out = slurm.run("squeue", "-h", "-t", "all", "-o", "%i|%k|%T|%r|%N")
+def _jobs_of(slurm, workdir: Path, rule: str, wildcards: str) -> list[dict[str, str]]:
+    """Every job of the workflow run in `workdir` (any state; squeue keeps ended ones MinJobAge
+    s, earlier tests' too) whose comment names this rule and wildcards: the plugin writes
+    `rule_<rule>_wildcards_<values joined by _>` into --comment, in job id order."""
+    out = slurm.run("squeue", "-h", "-t", "all", "-o", "%i|%k|%T|%r|%N|%Z")
     jobs = []
     for line in out.splitlines():
-        job, comment, state, reason, nodes = line.split("|")
-        if comment == f"rule_{rule}_wildcards_{wildcards}":
+        job, comment, state, reason, nodes, folder = line.split("|")
+        if comment == f"rule_{rule}_wildcards_{wildcards}" and folder == str(workdir):
             jobs.append(dict(id=job, state=state, reason=reason, nodes=nodes))
     return sorted(jobs, key=lambda j: int(j["id"]))
 
@@ -199,7 +199,7 @@ def test_slurm_profile_runs_the_demo_dag_through_a_time_limit_and_a_preemption(s
         # round 0's retriever (after the reader's starts): in `spot`, with a checkpoint
         state = workdir / "state" / "tiny" / "iter0" / "retriever"
         retriever = _wait(
-            lambda: next((j for j in _jobs_of(slurm, "train_retriever", "tiny_0")
+            lambda: next((j for j in _jobs_of(slurm, workdir, "train_retriever", "tiny_0")
                           if j["state"] == "RUNNING"), None),
             WORKFLOW_TIMEOUT_S, "round 0's train_retriever job", workflow, log, slurm, released,
         )  # fmt: skip
@@ -223,8 +223,8 @@ def test_slurm_profile_runs_the_demo_dag_through_a_time_limit_and_a_preemption(s
     wall = time.monotonic() - started
     output = log.read_text()
     assert returncode == 0, output[-6000:]
-    readers = _jobs_of(slurm, "train_reader", "tiny_0_reader")
-    retrievers = _jobs_of(slurm, "train_retriever", "tiny_0")
+    readers = _jobs_of(slurm, workdir, "train_reader", "tiny_0_reader")
+    retrievers = _jobs_of(slurm, workdir, "train_retriever", "tiny_0")
     print(f"\n[slurm] demo DAG under the SLURM profile: {wall:.0f} s; round 0's retriever "
           f"(job {retriever['id']}) preempted at {preempted_at:.0f} s by job {urgent}; "
           f"released from their hold: {sorted(released)}")  # fmt: skip
@@ -792,7 +792,7 @@ def test_ctrl_c_cancels_a_training_job_checkpointed_and_a_rerun_resumes(slurm, t
         workflow = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         reader = _wait(
-            lambda: next((j for j in _jobs_of(slurm, "train_reader", "tiny_0_reader")
+            lambda: next((j for j in _jobs_of(slurm, workdir, "train_reader", "tiny_0_reader")
                           if j["state"] == "RUNNING"), None),
             WORKFLOW_TIMEOUT_S, "round 0's train_reader job", workflow, log,
         )  # fmt: skip
@@ -820,5 +820,5 @@ def test_ctrl_c_cancels_a_training_job_checkpointed_and_a_rerun_resumes(slurm, t
     run_log = (workdir / "logs/train_reader/tiny/iter0/reader.log").read_text()
     this_start = run_log.partition("==== this start ====")[2]
     assert re.search(r"\[rank 0\] .*resumed from", this_start), run_log[-3000:]
-    readers = _jobs_of(slurm, "train_reader", "tiny_0_reader")
+    readers = _jobs_of(slurm, workdir, "train_reader", "tiny_0_reader")
     assert [j["state"] for j in readers] == ["CANCELLED", "COMPLETED"], readers
