@@ -162,6 +162,24 @@ def _slow_fid(folder: Path) -> Path:
     return folder
 
 
+def _profile_run(slurm, tmp_path: Path, config: Path, *extra: str, slow_steps: bool = False):
+    """(working folder, environment, command) of `snakemake --profile profiles/slurm` on the
+    test cluster: no accounting (no account to ask for), 2 real cores (2 jobs at once), and
+    quick status polls so the short jobs do not wait for them. With `slow_steps`, the jobs'
+    `fid` is _slow_fid's."""
+    path = f"{BIN}:/usr/bin:/bin:/usr/sbin:/sbin"
+    if slow_steps:
+        path = f"{_slow_fid(tmp_path / 'slow-bin')}:{path}"
+    workdir = tmp_path / "work"
+    command = [
+        str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+        "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(config),
+        "--slurm-no-account", "--jobs", "2", "--slurm-init-seconds-before-status-checks", "2",
+        *extra,
+    ]  # fmt: skip
+    return workdir, slurm.env(PATH=path, HF_HUB_OFFLINE="1"), command
+
+
 def test_slurm_profile_runs_the_demo_dag_through_a_time_limit_and_a_preemption(slurm, tmp_path):
     """Issue 45.7 and 45.3: the whole chain, plugin to resume. `snakemake --profile
     profiles/slurm` runs the demo DAG (1 round) on the test cluster:
@@ -179,18 +197,9 @@ def test_slurm_profile_runs_the_demo_dag_through_a_time_limit_and_a_preemption(s
         # which harness.sh links to the test cluster unless a real SLURM config is there
         _unavailable("/etc/slurm/slurm.conf is not the test cluster's (harness.sh status)")
     config = _config(tmp_path / "config.yaml")
-    workdir = tmp_path / "work"
     log = tmp_path / "snakemake.log"
-    slow = _slow_fid(tmp_path / "slow-bin")
-    env = slurm.env(PATH=f"{slow}:{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", HF_HUB_OFFLINE="1")
-    command = [
-        str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-        "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(config),
-        # the test cluster: no accounting (no account to ask for), 2 real cores (2 jobs at
-        # once), and quick status polls so the short jobs do not wait for them
-        "--slurm-no-account", "--jobs", "2", "--slurm-init-seconds-before-status-checks", "2",
-        "--slurm-keep-successful-logs",
-    ]  # fmt: skip
+    workdir, env, command = _profile_run(slurm, tmp_path, config, "--slurm-keep-successful-logs",
+                                         slow_steps=True)  # fmt: skip
     started = time.monotonic()
     released: set[str] = set()
     with open(log, "w") as out:
@@ -674,7 +683,6 @@ def test_a_layout_the_cluster_cannot_hold_is_refused_before_any_submission(slurm
     """With the SLURM profile, a job asking more of a node than the partition's nodes have (3
     GPUs on nodes of 2), or a partition that does not exist, stops the run before the first
     sbatch: one error naming the rule and the numbers, nothing in the queue, nothing run."""
-    env = slurm.env(PATH=f"{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", HF_HUB_OFFLINE="1")
     queued_before = slurm.run("squeue", "-h", "-o", "%i").split()
     for change, expected in [
         ({"tasks_per_node": 3, "gres": "gpu:3"},
@@ -687,13 +695,8 @@ def test_a_layout_the_cluster_cannot_hold_is_refused_before_any_submission(slurm
         data = yaml.safe_load(config.read_text())
         data["resources"]["train_reader"].update(change)
         config.write_text(yaml.safe_dump(data))
-        workdir = tmp_path / "work"
-        result = subprocess.run(
-            [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-             "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(config),
-             "--slurm-no-account", "--jobs", "2"],
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        workdir, env, command = _profile_run(slurm, tmp_path, config)
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         message = result.stdout + result.stderr
         assert result.returncode != 0, message[-3000:]
         assert "resources.train_reader: a job of this rule cannot run on this cluster" in message
@@ -713,16 +716,9 @@ def test_a_job_pending_on_a_limit_that_never_lifts_fails_instead_of_waiting(slur
     data["slurm_preflight"] = "warn"
     data["resources"]["default"].update(slurm_partition="spot", runtime=60)  # MaxTime 30
     config.write_text(yaml.safe_dump(data))
-    workdir = tmp_path / "work"
-    env = slurm.env(PATH=f"{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", HF_HUB_OFFLINE="1")
+    _, env, command = _profile_run(slurm, tmp_path, config, "--retries", "0")
     started = time.monotonic()
-    result = subprocess.run(
-        [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-         "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(config),
-         "--slurm-no-account", "--jobs", "2", "--slurm-init-seconds-before-status-checks", "2",
-         "--retries", "0"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     message = result.stdout + result.stderr
     print(f"\n[slurm] a job over MaxTime failed after {time.monotonic() - started:.0f} s")
     assert result.returncode != 0, message[-3000:]
@@ -741,24 +737,18 @@ def test_the_preflight_counts_the_memory_a_training_job_asks_for_its_lists(slurm
     floor, so a job whose lists outgrew the nodes was submitted and waited forever. Where the
     lists exist when the run starts, their size is counted: 10 GB of lists (a sparse file) ask
     more than the test cluster's 4096 MB nodes have, and nothing is submitted."""
-    env = slurm.env(PATH=f"{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", HF_HUB_OFFLINE="1")
     config = _config(tmp_path / "config.yaml")
     data = yaml.safe_load(config.read_text())
     del data["resources"]["train_reader"]["mem_mb"]  # the plan's request
     config.write_text(yaml.safe_dump(data))
-    workdir = tmp_path / "work"
+    workdir, env, command = _profile_run(slurm, tmp_path, config)
     lists = workdir / "results/tiny/data/demo/world/reader"
     lists.mkdir(parents=True)
     for name in ("train.json", "dev.json"):
         with open(lists / name, "wb") as sparse:
             sparse.truncate(5 * 10**9)
     queued_before = slurm.run("squeue", "-h", "-o", "%i").split()
-    result = subprocess.run(
-        [str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-         "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(config),
-         "--slurm-no-account", "--jobs", "2"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     message = result.stdout + result.stderr
     assert result.returncode != 0, message[-3000:]
     asked = re.search(r"resources.train_reader: a job of this rule cannot run on this cluster: "
@@ -777,16 +767,9 @@ def test_ctrl_c_cancels_a_training_job_checkpointed_and_a_rerun_resumes(slurm, t
     data = yaml.safe_load(config.read_text())
     data["resources"]["train_reader"].update(runtime=20, signal_lead_s=600)  # no time limit here
     config.write_text(yaml.safe_dump(data))
-    workdir = tmp_path / "work"
     log = tmp_path / "snakemake.log"
-    slow = _slow_fid(tmp_path / "slow-bin")
-    env = slurm.env(PATH=f"{slow}:{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", HF_HUB_OFFLINE="1")
-    command = [
-        str(BIN / "snakemake"), "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-        "--profile", str(ROOT / "profiles" / "slurm"), "--configfile", str(config),
-        "--slurm-no-account", "--jobs", "2", "--slurm-init-seconds-before-status-checks", "2",
-        "results/tiny/iter0/reader/model",
-    ]  # fmt: skip
+    workdir, env, command = _profile_run(slurm, tmp_path, config,
+                                         "results/tiny/iter0/reader/model", slow_steps=True)  # fmt: skip
     state = workdir / "state" / "tiny" / "iter0" / "reader"
     with open(log, "w") as out:
         workflow = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
