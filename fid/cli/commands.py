@@ -238,11 +238,29 @@ def train_retriever(args) -> None:
     logger.info("done: %s", result)
 
 
+def bm25_stats(args) -> None:
+    from fid.config import BM25Config
+    from fid.retrieval.bm25_stats import count_corpus_stats
+
+    count_corpus_stats(args.passages, args.output, _load_config(args, BM25Config))
+
+
 def build_bm25(args) -> None:
     from fid.config import BM25Config
-    from fid.retrieval.bm25 import build_bm25
+    from fid.errors import InputError
 
-    build_bm25(args.passages, args.output, _load_config(args, BM25Config))
+    cfg = _load_config(args, BM25Config)
+    if args.shard is None and args.stats is None:
+        from fid.retrieval.bm25 import build_bm25
+
+        build_bm25(args.passages, args.output, cfg)
+    elif args.shard is None or args.stats is None:
+        raise InputError("fid build-bm25: --shard K/S and --stats STATS go together (a shard is "
+                         "indexed with the statistics of the whole file)")  # fmt: skip
+    else:
+        from fid.retrieval.bm25_shard import build_bm25_shard
+
+        build_bm25_shard(args.passages, args.output, cfg, args.stats, *args.shard)
 
 
 def retrieve_bm25(args) -> None:
@@ -251,6 +269,22 @@ def retrieve_bm25(args) -> None:
 
     cfg = _load_config(args, BM25Config)
     retrieve_bm25(cfg, args.index, args.passages, args.questions, args.output)
+
+
+def retrieve_bm25_shard(args) -> None:
+    from fid.config import BM25Config
+    from fid.retrieval.bm25_merge import retrieve_bm25_shard
+
+    retrieve_bm25_shard(_load_config(args, BM25Config), args.index, args.questions, args.output)
+
+
+def merge_bm25_lists(args) -> None:
+    from fid.config import BM25Config
+    from fid.retrieval.bm25_merge import merge_bm25_lists
+
+    cfg = _load_config(args, BM25Config)
+    merge_bm25_lists(cfg, args.stats, args.shard_lists, args.passages, args.questions,
+                     args.output)  # fmt: skip
 
 
 def embed_passages(args) -> None:

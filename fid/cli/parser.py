@@ -27,6 +27,7 @@ _OUTPUTS = {
 MODEL_FREE = frozenset({
     "download", "extract", "prepare-questions", "make-reader-lists", "make-demo-data",
     "make-scale-data", "build-bm25", "retrieve-bm25", "eval-retrieval", "eval-baseline",
+    "bm25-stats", "retrieve-bm25-shard", "merge-bm25-lists",
     "build-passage-store", "convert-lists", "copy-packaged-model", "plan-memory", "fetch-model",
     "plan-disk",
 })  # fmt: skip
@@ -46,6 +47,17 @@ def _at_least_one(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
     return value
+
+
+def _shard_of(text: str) -> tuple[int, int]:
+    """`--shard K/S`, shard K of S (1 <= K <= S), as (K, S) (argparse turns the error into a
+    usage line, exit 2)."""
+    parts = text.split("/")
+    if len(parts) == 2 and all(part.strip().isdigit() for part in parts):
+        shard, count = (int(part) for part in parts)
+        if 1 <= shard <= count:
+            return shard, count
+    raise argparse.ArgumentTypeError(f"{text!r}: expected K/S, shard K of S with 1 <= K <= S")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,14 +171,37 @@ def build_parser() -> argparse.ArgumentParser:
     c = add("train-retriever", commands.train_retriever, "Distil reader scores into a retriever.")
     add_training_paths(c, "questions scored by the reader", "encoder to start from:")
 
+    c = add("bm25-stats", commands.bm25_stats,
+            "Count a passage file's BM25 statistics (N, lengths, df) for a sharded index.")  # fmt: skip
+    c.add_argument("--passages", type=Path, required=True, help="DPR-style passage TSV")
+    c.add_argument("--output", type=Path, required=True, help="statistics folder to write")
+
     c = add("build-bm25", commands.build_bm25, "Build a BM25 index of a passage file.")
     c.add_argument("--passages", type=Path, required=True, help="DPR-style passage TSV")
     c.add_argument("--output", type=Path, required=True, help="index folder to write")
+    c.add_argument("--shard", type=_shard_of, metavar="K/S",
+                   help="build shard K of S (1-based; a 1/S slice of the file), with --stats")  # fmt: skip
+    c.add_argument("--stats", type=Path, help="folder from bm25-stats (with --shard)")
 
     c = add("retrieve-bm25", commands.retrieve_bm25, "Retrieve passages with a BM25 index.")
     c.add_argument("--index", type=Path, required=True, help="folder from build-bm25")
     c.add_argument("--passages", type=Path, required=True, help="the indexed TSV (or its store)")
     c.add_argument("--questions", type=Path, required=True, help="NQ/DPR/TriviaQA/FiD questions")
+    c.add_argument("--output", type=Path, required=True, help="FiD json or compact lists")
+
+    c = add("retrieve-bm25-shard", commands.retrieve_bm25_shard,
+            "Retrieve every question's top k from one shard of a BM25 index (for the merge).")  # fmt: skip
+    c.add_argument("--index", type=Path, required=True, help="folder from build-bm25 --shard")
+    c.add_argument("--questions", type=Path, required=True, help="NQ/DPR/TriviaQA/FiD questions")
+    c.add_argument("--output", type=Path, required=True, help="shard lists (.npz) to write")
+
+    c = add("merge-bm25-lists", commands.merge_bm25_lists,
+            "Merge every shard's BM25 lists into the global top k (retrieve-bm25's output).")  # fmt: skip
+    c.add_argument("--stats", type=Path, required=True, help="folder from bm25-stats")
+    c.add_argument("--shard-lists", type=Path, nargs="+", required=True,
+                   help="every shard's lists from retrieve-bm25-shard")  # fmt: skip
+    c.add_argument("--passages", type=Path, required=True, help="the indexed TSV (or its store)")
+    c.add_argument("--questions", type=Path, required=True, help="the questions retrieved for")
     c.add_argument("--output", type=Path, required=True, help="FiD json or compact lists")
 
     c = add("embed-passages", commands.embed_passages, "Embed one shard of a passage file.")

@@ -16,7 +16,8 @@ benchmarks/bm25_analysis.py: see its docstring.
 Memory: passages are never held as objects. Token ids are collected in one flat int32 array
 (4 bytes a token) while the file streams; bm25s then builds its sparse score matrix, which for
 DPR's 21M passages needs tens of GB (12 bytes per distinct (passage, token) pair, roughly
-1.2e9 pairs, plus sorting). Build the full-size index on a large-memory node.
+1.2e9 pairs, plus sorting). Build the full-size index on a large-memory node, or in shards of
+bounded memory that rank exactly as one index (fid.retrieval.bm25_stats, bm25_shard, bm25_merge).
 
 Ranking: bm25s's `lucene` variant by default, k1 = 0.9 and b = 0.4 (Anserini's and Pyserini's
 defaults, which DPR's BM25 numbers used). Reference: Kamphuis et al. 2020, "Which BM25 Do You
@@ -51,6 +52,8 @@ from fid.text_files import read_json
 logger = logging.getLogger(__name__)
 
 INDEX_FORMAT = "fid-bm25/1"
+# One shard of a sharded index (fid.retrieval.bm25_shard): its lists are merged, never final.
+SHARD_INDEX_FORMAT = "fid-bm25-shard/1"
 _META = "meta.json"
 _IDS = "passage_ids.npy"
 
@@ -90,10 +93,11 @@ class _FlatDocs:
     Python ints would cost ~10x the memory of this array.
     """
 
-    def __init__(self, flat: np.ndarray, offsets: np.ndarray):
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray, total_passes: int = _BUILD_PASSES):
         self.flat = flat  # (T,) token ids of all passages, concatenated
         self.offsets = offsets  # (P + 1,) passage p's ids are flat[offsets[p] : offsets[p + 1]]
         self.passes = 0  # how often the builder has read them (its progress: 3 passes)
+        self.total_passes = total_passes  # (a shard's build reads them once: bm25_shard)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -101,7 +105,7 @@ class _FlatDocs:
     def __iter__(self) -> Iterator[list[int]]:
         self.passes += 1
         # bm25s reads the documents for their lengths, document frequencies and scores
-        desc = f"BM25 index, pass {self.passes} of {_BUILD_PASSES}"
+        desc = f"BM25 index, pass {self.passes} of {self.total_passes}"
         with progress(desc=desc, unit="passages", total=len(self), log=logger) as bar:
             # Offsets become Python ints a block at a time: all 21M at once would cost GBs.
             for block in range(0, len(self), 1 << 16):
@@ -243,7 +247,7 @@ def build_bm25(passages_path: str | Path, index_dir: str | Path, cfg: BM25Config
     )
 
 
-def _load_meta(index_dir: Path) -> dict:
+def _load_meta(index_dir: Path, expected: str = INDEX_FORMAT) -> dict:
     path = index_dir / _META
     if not path.is_file():
         raise DataError(
@@ -253,8 +257,15 @@ def _load_meta(index_dir: Path) -> dict:
     meta = read_json(path, "a BM25 index record (json): rebuild the index")
     if not isinstance(meta, dict):
         raise DataError(f"{path}: expected a JSON object, found {type(meta).__name__}")
-    if meta.get("format") != INDEX_FORMAT:
-        raise DataError(f"{path}: format {meta.get('format')!r}, expected {INDEX_FORMAT!r}")
+    if meta.get("format") == SHARD_INDEX_FORMAT != expected:
+        shard = meta.get("shard", {})
+        raise DataError(
+            f"{index_dir}: shard {shard.get('index')} of {shard.get('count')} of a sharded BM25 "
+            "index, which ranks its own passages only. Hint: retrieve from every shard with "
+            "`fid retrieve-bm25-shard`, then `fid merge-bm25-lists`."
+        )
+    if meta.get("format") != expected:
+        raise DataError(f"{path}: format {meta.get('format')!r}, expected {expected!r}")
     return meta
 
 
@@ -339,12 +350,13 @@ def _passage_store(passages_path: Path, ids: np.ndarray, rows: list[np.ndarray])
 
 
 def search_bm25(
-    index_dir: str | Path, questions: list[dict], cfg: BM25Config
+    index_dir: str | Path, questions: list[dict], cfg: BM25Config, shard: bool = False
 ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """The BM25 search alone: (the index's passage ids by row, each question's top rows best
-    first, their scores). Raises as `rank_bm25`."""
+    first, their scores). Raises as `rank_bm25`. `shard`: the index is one shard of a sharded
+    index (rows are the shard's; any other index is refused), else a whole one."""
     index_dir = Path(index_dir)
-    meta = _load_meta(index_dir)
+    meta = _load_meta(index_dir, SHARD_INDEX_FORMAT if shard else INDEX_FORMAT)
     _check_index_matches(meta, cfg, index_dir)
     for position, question in enumerate(questions):
         if not isinstance(question.get("question"), str) or "id" not in question:
