@@ -25,6 +25,7 @@ from fid.config import DemoDataConfig, ScaleDataConfig
 from fid.config import DownloadConfig
 from fid.config import IndexConfig
 from fid.config import PrepareQuestionsConfig, ReaderListsConfig
+from fid.evaluation.run_system import lists_source
 from fid.data.download import DownloadError, check_existing_download
 from fid.models.hub_fetch import RECORD as HUB_RECORD, fetchable, folder_name
 from fid.models.hub_fetch import take_jobs_offline
@@ -413,8 +414,9 @@ def stage_file(stage):
 
 
 def round_source(i):
-    """The retriever whose lists round i reads: the first retrieval, then the last round's."""
-    return FIRST if int(i) == 0 else f"iter{int(i) - 1}"
+    """The retriever whose lists round i reads: the first retrieval, then the last round's
+    (decided by fid.evaluation.run_system, for fid ask and the report's headline too)"""
+    return lists_source(i, FIRST)
 
 
 def retrieval(source, split):

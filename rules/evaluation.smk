@@ -8,6 +8,7 @@ OUTPUTS:
     results/{run}/{source}/eval/{split}.json                                rule eval_retrieval
     results/{run}/baseline/{split}.json                                     rule eval_baseline
     results/{run}/report/{exact_match,retrieval}.{csv,html}                 rule report_tables
+    results/{run}/report/system.json  the run's system and its exact match  rule report_tables
     results/{run}/report/flags.{csv,html}  rounds worse than the one before rule report_flags
     results/{run}/report/{exact_match,retrieval_topk}.png                   rule report_plots
     results/{run}/report/training_curves.png, training.html                 rule report_training
@@ -183,6 +184,8 @@ rule report_tables:
     output:
         exact_match="results/{run}/report/exact_match.csv",
         retrieval="results/{run}/report/retrieval.csv",
+        # the system fid ask answers with (fid.evaluation.run_system) and its exact match
+        system="results/{run}/report/system.json",
         exact_match_page=report(
             "results/{run}/report/exact_match.html",
             category="1. Reader",
@@ -203,6 +206,7 @@ rule report_tables:
         retrieval=RETRIEVAL_KEYS,
         n_passages=EVAL_N_PASSAGES,
         lists={i: round_source(i) for i in range(K)},
+        first=FIRST,
     script:
         "../workflow_scripts/report_tables.py"
 

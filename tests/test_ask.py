@@ -1,5 +1,8 @@
-"""`fid ask` on a tiny run folder laid out as the workflow writes it (no snakemake): answers,
-the passages read, JSON lines, stdin, and one clear line for each bad input."""
+"""`fid ask` on a tiny run folder laid out as the workflow writes it (no snakemake): the run's
+system (the last reader with the retriever whose lists it was scored on), answers, the passages
+read, JSON lines, stdin, over-long questions, and one clear line for each bad input (paths,
+bytes that are not UTF-8). That ask answers as the report scored: tests/workflow/test_rebuild.py
+(test_ask_answers_as_the_report_scored)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from fid.config import InitRetrieverConfig
 from fid.data.passages import load_passages
 from fid.demo.files import write_world
 from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
+from fid.evaluation.run_system import lists_source, run_system
 from fid.models.retriever import DualEncoder, DualEncoderSpec
 from fid.models.settings import ReaderSettings
 
@@ -31,11 +35,14 @@ def _ask(*args) -> int:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_model_dir, toy_world) -> Path:
-    """results/demo of a 1-round run: reader, retriever, its index, passages, stage configs."""
+    """results/demo of a 2-round run: round 0's reader, retriever and index, round 1's reader
+    (its system: it read round 0's lists) and round 1's retriever, whose index is round 0's
+    (a decoy: asked with it, the index refuses the encoder), passages, stage configs."""
     run = tmp_path_factory.mktemp("workflow") / "results" / "demo"
     write_world(toy_world, run / "data/demo/world")
-    shutil.copytree(tiny_model_dir, run / "iter0/reader/model")
-    ReaderSettings(passage_max_tokens=48, n_passages=5).save(run / "iter0/reader/model")
+    for i in (0, 1):
+        shutil.copytree(tiny_model_dir, run / f"iter{i}/reader/model")
+        ReaderSettings(passage_max_tokens=48, n_passages=5).save(run / f"iter{i}/reader/model")
     tokenizer = train_bert_tokenizer([p.text for p in toy_world.passages], vocab_size=300)
     config = InitRetrieverConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
     torch.manual_seed(0)
@@ -48,6 +55,9 @@ def run(tmp_path_factory, tiny_model_dir, toy_world) -> Path:
                  "--passages", str(run / "data/demo/world/passages.tsv"),
                  "--output", str(shard)]) == 0  # fmt: skip
     assert main(["build-index", "--shards", str(shard), "--output", str(run / "iter0/index")]) == 0
+    shutil.copytree(run / "iter0/retriever/model", run / "iter1/retriever/model")
+    _other_weights(run / "iter1/retriever/model")
+    shutil.copytree(run / "iter0/index", run / "iter1/index")
     (run / "config").mkdir()
     (run / "config/eval_reader.yaml").write_text(f"n_passages: {N_PASSAGES}\nmax_new_tokens: 6\n")
     (run / "config/retrieve.yaml").write_text("top_k: 20\n")
@@ -97,7 +107,7 @@ def test_questions_from_stdin_and_json(run, passages, toy_world, monkeypatch, ca
 def test_explicit_paths_and_passage_count(run, toy_world, capsys):
     """Without --run: every path named, and no config file: the reader reads as many passages
     as it was trained on (fid_reader.json), or --n-passages."""
-    named = {"reader": "iter0/reader/model", "retriever": "iter0/retriever/model",
+    named = {"reader": "iter1/reader/model", "retriever": "iter0/retriever/model",
              "index": "iter0/index", "passages": "data/demo/world/passages.tsv"}  # fmt: skip
     paths = [arg for flag, path in named.items() for arg in (f"--{flag}", run / path)]
     question = toy_world.splits["dev"][0].question
@@ -145,6 +155,13 @@ def _broken(run: Path, tmp: Path, case: str) -> tuple[list, str]:
         return ["--run", copy], f"{copy / 'iter0/index'}: index folder is missing ids.npy"
     if case == "round_not_trained":
         return ["--run", copy, "--round", 3], f"{copy / 'iter3/reader/model'}: round 3"
+    if case == "round_0_reads_bm25":  # no dense retriever made round 0's lists
+        (copy / "report").mkdir()
+        (copy / "report/config.yaml").write_text("first_retrieval: bm25\n")
+        return ["--run", copy, "--round", 0], (
+            f"{copy / 'iter0/reader/model'}: round 0's reader was scored on the lists of bm25, "
+            "which fid ask cannot search"
+        )
     if case == "another_encoder":  # the same shape, other weights: same width, other scores
         retriever = copy / "iter0/retriever/model"
         _other_weights(retriever)
@@ -171,7 +188,7 @@ def _other_weights(retriever: Path) -> None:
 @pytest.mark.parametrize(
     "case",
     ["no_such_run", "no_trained_round", "index_missing", "index_incomplete", "round_not_trained",
-     "passages_missing", "another_encoder", "another_corpus"],
+     "round_0_reads_bm25", "passages_missing", "another_encoder", "another_corpus"],
 )  # fmt: skip
 def test_bad_input_is_one_line_naming_the_path(run, tmp_path, case, caplog, capsys):
     args, message = _broken(run, tmp_path, case)
@@ -222,3 +239,121 @@ def test_a_byte_order_mark_on_stdin_is_no_question_word(run, toy_world, monkeypa
     assert _ask("--run", run, "--json") == 0
     (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert record["question"] == question
+
+
+def test_the_run_system_is_the_last_reader_with_the_retriever_it_read(run, toy_world, caplog):
+    """--run answers with round 1's reader and round 0's retriever and index (the lists it was
+    scored on), not round 1's retriever (a decoy here: its index refuses it); --round 0 with a
+    retriever and index given answers too, with a warning that the report did not score it."""
+    question = toy_world.splits["dev"][0].question
+    assert _ask("--run", run, question) == 0
+    assert (f"reader {run / 'iter1/reader/model'}, retriever {run / 'iter0/retriever/model'}, "
+            f"index {run / 'iter0/index'}") in caplog.text  # fmt: skip
+    assert "the run's system (the report's headline scores it): round 1's reader" in caplog.text
+    system = run_system(run)
+    assert (system.round, system.source, system.index) == (1, "iter0", run / "iter0/index")
+    assert system.lists("test") == run / "iter0/retrieval/test.json"
+    assert system.metrics("test") == run / "iter1/reader/eval/test.json"
+    assert system.n_passages == N_PASSAGES
+    caplog.clear()
+    flags = ["--retriever", run / "iter0/retriever/model", "--index", run / "iter0/index"]
+    assert _ask("--run", run, "--round", 0, *flags, question) == 0
+    assert "--retriever, --index replace the run's system's" in caplog.text
+    assert "not those the report scored" in caplog.text
+
+
+def test_round_0_reads_the_first_retrieval():
+    """The rule the workflow takes too (rules/common.smk round_source)."""
+    assert [lists_source(i, "bm25") for i in range(3)] == ["bm25", "iter0", "iter1"]
+
+
+def _errors(caplog) -> list[str]:
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert not any(r.exc_info for r in caplog.records), "an input error shows no traceback"
+    assert "a bug in fid" not in caplog.text
+    return errors
+
+
+def test_a_word_that_is_not_utf8_is_one_error(run, caplog, capsys):
+    """A byte that is not UTF-8 in an argument (Python keeps it as a surrogate escape)."""
+    word = b"caf\xe9".decode("utf-8", "surrogateescape")
+    assert _ask("--run", run, "who", "founded", word) == 1
+    (error,) = _errors(caplog)
+    assert error == (
+        "fid ask: word 3 of the question (b'caf\\xe9'): not UTF-8 (byte 0xe9 at byte offset 3: "
+        "unexpected end of data): expected a question in UTF-8"
+    )
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["bytes", "text_stream"])
+def test_a_stdin_line_that_is_not_utf8_ends_after_the_lines_before(
+    run, toy_world, monkeypatch, capsys, caplog, binary
+):
+    """The lines before it are answered (valid JSON lines); then one error naming stdin's line
+    and byte offset, exit 1."""
+    first = toy_world.splits["dev"][0].question.encode()
+    data = first + b"\n\nwho is \xff?\nnever asked\n"
+    stream = (io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape")
+              if binary else io.StringIO(data.decode("utf-8", "surrogateescape")))  # fmt: skip
+    if not binary:
+        assert not hasattr(stream, "buffer")
+    monkeypatch.setattr(sys, "stdin", stream)
+    assert _ask("--run", run, "--json") == 1
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["question"] == first.decode()
+    (error,) = _errors(caplog)
+    offset = len(first) + 2 + len("who is ")
+    assert error == (
+        f"stdin: line 3: not UTF-8 (byte 0xff at byte offset {offset}: invalid start byte): "
+        "expected questions, one a line, in UTF-8"
+    )
+
+
+def test_a_question_over_its_budget_is_cut_once_with_a_warning(run, toy_world, capsys, caplog):
+    """A question longer than half of the reader's passage input (48 tokens here) keeps its
+    first 24 tokens, said once; the answer's record keeps the question as asked."""
+    question = toy_world.splits["dev"][0].question
+    long = " ".join([question] * (10_000 // len(question) + 1))
+    assert len(long) > 10_000
+    assert _ask("--run", run, "--json", long) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["question"] == long and len(record["passages"]) == N_PASSAGES
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    cut = [w for w in warnings if "over its budget" in w]
+    assert len(cut) == 1, warnings
+    found = re.search(r"(\d+) reader tokens, over its budget of (\d+) .*kept the first (\d+) tok",
+                      cut[0])  # fmt: skip
+    assert found and int(found[1]) > 1000 and found[2] == found[3] == str(48 // 2), cut[0]
+    caplog.clear()
+    assert _ask("--run", run, question) == 0
+    assert "over its budget" not in caplog.text
+
+
+def test_ask_answers_as_eval_reader_scored_the_system(run, tmp_path, monkeypatch, capsys):
+    """What the workflow's rules retrieve and eval_reader do for the run's system (round 0's
+    retriever and index, the run's retrieve.yaml and eval_reader.yaml, round 1's reader), ask
+    answers alike: the same passages read and the same answers, question by question."""
+    system = run_system(run)
+    lists, predictions = tmp_path / "lists.json", tmp_path / "predictions.jsonl"
+    questions = run / "data/demo/world/dev.jsonl"
+    assert main([str(a) for a in (
+        "retrieve", "--config", run / "config/retrieve.yaml", "--model", system.retriever,
+        "--index", system.index, "--passages", run / "data/demo/world/passages.tsv",
+        "--questions", questions, "--output", lists,
+    )]) == 0  # fmt: skip
+    assert main([str(a) for a in (
+        "eval-reader", "--config", run / "config/eval_reader.yaml", "--model", system.reader,
+        "--questions", lists, "--predictions", predictions, "--metrics", tmp_path / "m.json",
+    )]) == 0  # fmt: skip
+    predicted = [json.loads(line) for line in predictions.read_text().splitlines()]
+    read = {
+        r["id"]: [c["id"] for c in r["ctxs"][:N_PASSAGES]] for r in json.loads(lists.read_text())
+    }
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(p["question"] + "\n" for p in predicted)))
+    assert _ask("--run", run, "--json") == 0
+    answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [[c["id"] for c in a["passages"]] for a in answers] == [read[p["id"]] for p in predicted]
+    assert [a["answer"] for a in answers] == [p["prediction"] for p in predicted]
+    assert any(p["prediction"] for p in predicted), "a reader that answers nothing proves little"

@@ -142,12 +142,14 @@ def inputs(tmp_path_factory, toy_world, toy_records, tiny_model_dir) -> Path:
                 "--output", i / "shards" / "shard0") == 0  # fmt: skip
     assert _run("build-index", "--shards", i / "shards" / "shard0", "--output", i / "index") == 0
     shutil.copytree(tiny_model_dir, i / "reader")
-    # A run folder as the workflow writes it, for `fid ask --run`.
+    # A run folder as the workflow writes it, for `fid ask --run`: its system is round 1's
+    # reader with round 0's retriever and index (fid.evaluation.run_system).
     run = i / "results" / "run"
-    for name, target in (("reader/model", i / "reader"), ("retriever/model", i / "retriever"),
-                         ("index", i / "index")):  # fmt: skip
-        (run / "iter0" / name).parent.mkdir(parents=True, exist_ok=True)
-        (run / "iter0" / name).symlink_to(target)
+    for name, target in (("iter1/reader/model", i / "reader"),
+                         ("iter0/retriever/model", i / "retriever"),
+                         ("iter0/index", i / "index")):  # fmt: skip
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).symlink_to(target)
     (run / "config").mkdir()
     shutil.copy(i / "eval_reader.yaml", run / "config" / "eval_reader.yaml")
     shutil.copy(i / "retrieve.yaml", run / "config" / "retrieve.yaml")

@@ -1,13 +1,17 @@
 """The report's tables, assembled from metrics JSON files written by `fid`: exact_match.csv
 (each round's reader and the most-common-answer baseline, per split) and retrieval.csv
 (full-corpus top-k accuracy of each retriever, per split), each also as an HTML page that the
-report shows inline. Metrics are in percent, as in the files they come from."""
+report shows inline. Metrics are in percent, as in the files they come from. The headline, on
+top of the exact match page and in system.json: the exact match of the system the run built
+(fid.evaluation.run_system, the one `fid ask --run` answers with)."""
 
 import json
 from pathlib import Path
 
 import pandas as pd
 from report_page import write_page
+
+from fid.evaluation.run_system import run_system
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 inputs, params, output = snakemake.input, snakemake.params, snakemake.output
@@ -38,7 +42,13 @@ for split, path in zip(params.baseline, inputs.baseline, strict=True):
                  "questions": m["n_scored"], "reads": "nothing"})  # fmt: skip
 em = pd.DataFrame(rows).round(2)
 em.to_csv(output.exact_match, index=False)
+
+system = run_system(Path(output.system).parents[1], first_retrieval=params.first)
+scored = {Path(path): load(path) for path in inputs.reader}
+headline = system.headline({split: scored[system.metrics(split)] for split in params.baseline})
+Path(output.system).write_text(json.dumps(headline, indent=2) + "\n")
 write_page(output.exact_match_page, "Reader exact match (%)", [
+    headline["headline"],
     "Exact match and F1 in percent (SQuAD normalisation, best over the gold answers) of the "
     "questions of each split that have gold answers ('questions'). 'reads': the passages each "
     "reader answers from here: the top of the lists retrieved for the whole split, not the "

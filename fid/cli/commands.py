@@ -346,12 +346,12 @@ def ask(args) -> None:
     import os
     import sys
 
-    from fid.evaluation.ask import ask
+    from fid.evaluation.ask import StdinQuestions, argument_question, ask
     from fid.evaluation.run_folder import run_paths
 
+    questions = [argument_question(args.question)] if args.question else StdinQuestions(sys.stdin)
     given = {name: getattr(args, name) for name in ("reader", "retriever", "index", "passages")}
     paths = run_paths(args.run, args.round, **given)
-    questions = [" ".join(args.question)] if args.question else sys.stdin
     try:
         ask(paths, args.config, args.n_passages, questions, sys.stdout, args.json, args.device)
     except BrokenPipeError:

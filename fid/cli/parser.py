@@ -304,16 +304,20 @@ answers from the top passages. Prints each answer with the passages read (rank, 
 retrieval score, text snippet); --json prints one object a line instead. The models load once:
 with no QUESTION, one question a line is read from stdin. Seconds per question go to the log.
 
---run takes the newest round (or --round i): iter<i>/reader/model, iter<i>/retriever/model,
-iter<i>/index, the run's passages (passages/store, data/demo/world/passages.tsv, or data.passages
-of report/config.yaml) and knobs (config/eval_reader.yaml for --config, config/retrieve.yaml for
-the search); --reader, --retriever, --index, --passages replace them. Without --run, give all four.
+--run answers with the system the run built, as its report scored it (report/system.json): the
+newest round's reader (or --round i), iter<i>/reader/model, reading the lists of the retriever
+distilled in the round before, iter<i-1>/retriever/model and iter<i-1>/index (round 0 read the
+first retrieval's lists: give --retriever and --index), the run's passages (passages/store,
+data/demo/world/passages.tsv, or data.passages of report/config.yaml) and knobs
+(config/eval_reader.yaml for --config, config/retrieve.yaml for the search); --reader,
+--retriever, --index, --passages replace them. Without --run, give all four. A question keeps
+at most half of the reader's passage input (a warning says how many tokens were kept).
 
   fid ask --run results/demo Who governs Stolria?
   fid --threads 1 ask --run results/demo --json < questions.txt"""
     c.add_argument("question", nargs="*", metavar="QUESTION", help="its words (none: stdin)")
     c.add_argument("--run", type=Path, help="run folder (results/<run>) or name under results/")
-    c.add_argument("--round", type=int, help="round i, iter<i> (default: the newest trained)")
+    c.add_argument("--round", type=int, help="the reader's round i (default: the newest trained)")
     for name in ("reader", "retriever"):
         c.add_argument(f"--{name}", type=Path, help=f"{name} folder (default: the round's)")
     c.add_argument("--index", type=Path, help="folder from build-index (default: the round's)")

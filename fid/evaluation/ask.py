@@ -1,11 +1,18 @@
 """`fid ask`: a trained run answers the questions a person types.
 
-A round answers as the workflow evaluates it: its retriever encodes the question and searches
-its index (fid.retrieval.dense), and its reader generates the answer from the top passages
-(fid.inference.generation), with the run's own knobs (fid.evaluation.run_folder finds them).
-Models, index and passages are loaded once; a question then costs one encoding, one search, a
-passage lookup and one generation: about 0.1 s on the demo's models on one CPU thread
-(loading takes 0.3 s; importing torch and transformers takes longer).
+A run answers as the report scored it: the system it built (fid.evaluation.run_system: the last
+round's reader and the retriever and index whose lists that reader was scored on) encodes the
+question and searches the index (fid.retrieval.dense), and the reader generates the answer
+from the top passages (fid.inference.generation), with the run's own knobs
+(fid.evaluation.run_folder finds them). Models, index and passages are loaded once; a question
+then costs one encoding, one search, a passage lookup and one generation: about 0.05 s on the
+demo's models on one CPU thread. Loading takes about 0.5 s; importing torch and transformers'
+T5 takes 4-5 CPU-seconds before that, once per call: ask many questions in one call (stdin).
+
+A question is decoded as UTF-8 (an argument, or a line of stdin: a byte that is not UTF-8 is one
+error naming it, after the answers to the lines before it), and keeps at most half of the
+reader's passage input (`question_budget`): a longer one is cut, with a warning saying how many
+tokens were kept, so that the reader still sees every passage it lists as read.
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -36,10 +44,14 @@ from fid.retrieval.index import PassageIndex
 from fid.retrieval.index_sources import check_index_sources
 from fid.retrieval.ranking import retrieval_records
 from fid.runtime.precision import autocast, resolve_precision
+from fid.text_files import decode_line
 
 logger = logging.getLogger(__name__)
 
 SNIPPET_CHARS = 100
+# The share of each passage input (`question: Q title: T context: P`, passage_max_tokens long)
+# a question may take: the rest is the passage's title and text, which the reader must see.
+QUESTION_SHARE = 0.5
 # A TSV is scanned once per question; above this size a passage store is worth building.
 LARGE_TSV_BYTES = 100 << 20
 # One question's progress lines (encode, search, generate) would outnumber its answer.
@@ -93,6 +105,9 @@ def ask(
         "reads its top %d passages", time.perf_counter() - started, paths.reader,
         paths.retriever, paths.index, paths.passages, cfg.n_passages,
     )  # fmt: skip
+    if paths.system is not None and not _replaced(paths):
+        logger.info("the run's system (the report's headline scores it): %s",
+                    paths.system.describe())  # fmt: skip
     if getattr(questions, "isatty", lambda: False)():
         logger.info("type one question a line (Ctrl-D ends)")
     answered = 0
@@ -101,9 +116,11 @@ def ask(
         if not line.strip():
             continue
         started = time.perf_counter()
-        question = {"id": str(answered), "question": line.strip()}
+        text = _within_budget(line.strip(), tokenizer, collator.passage_max_tokens, answered + 1)
+        question = {"id": str(answered), "question": text}
         with _quiet(_CHATTY):
             scores, ranked = search_dense(retriever, encode, index, [question], search, device)
+            scores, ranked = [scores[0][: cfg.n_passages]], [ranked[0][: cfg.n_passages]]
             record = retrieval_records([question], ranked, scores, lookup(ranked[0]))[0]
             example = Example(record["id"], record["question"], [], None, record["ctxs"], record)
             with torch.no_grad(), autocast(device, cfg.precision):
@@ -111,12 +128,90 @@ def ask(
                     reader, tokenizer, collator, [example], 1, cfg.max_new_tokens,
                     cfg.num_beams, device, acceleration=cfg,
                 )[0]  # fmt: skip
-        _write(out, record["question"], answer, record["ctxs"], as_json)
+        _write(out, line.strip(), answer, record["ctxs"], as_json)
         answered += 1
         logger.info("question %d answered in %.3f s", answered, time.perf_counter() - started)
     if not answered:
         raise InputError("fid ask: no question: give one as arguments, or one a line on stdin")
     return answered
+
+
+def question_budget(passage_max_tokens: int) -> int:
+    """The reader tokens a question may take of each passage input (`QUESTION_SHARE`)."""
+    return max(1, int(passage_max_tokens * QUESTION_SHARE))
+
+
+def _within_budget(question: str, tokenizer, passage_max_tokens: int, number: int) -> str:
+    """`question`, cut to its first `question_budget` reader tokens when longer, with one
+    warning (question `number`)."""
+    budget = question_budget(passage_max_tokens)
+    ids = tokenizer(question, add_special_tokens=False)["input_ids"]
+    if len(ids) <= budget:
+        return question
+    kept = tokenizer.decode(ids[:budget], skip_special_tokens=True).strip()
+    logger.warning(
+        "question %d (%d characters): %d reader tokens, over its budget of %d (half of each "
+        "%d-token passage input): kept the first %d tokens (%r), so that the reader sees "
+        "the passages it reads", number, len(question), len(ids), budget, passage_max_tokens,
+        budget,
+        kept[:60] + ("..." if len(kept) > 60 else ""),
+    )  # fmt: skip
+    return kept
+
+
+def argument_question(words: Sequence[str]) -> str:
+    """The question given as command-line words, checked to be UTF-8 text.
+
+    Raises:
+        InputError: naming the word, and the byte, that is not UTF-8.
+    """
+    for number, word in enumerate(words, 1):
+        raw = os.fsencode(word)  # the bytes given (Python keeps undecodable ones as surrogates)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InputError(
+                f"fid ask: word {number} of the question ({raw!r}): not UTF-8 (byte "
+                f"0x{raw[error.start]:02x} at byte offset {error.start}: {error.reason}): "
+                "expected a question in UTF-8"
+            ) from None
+    return " ".join(words)
+
+
+class StdinQuestions:
+    """The lines of a stream (stdin), each decoded as UTF-8 on its own, as read (a terminal's
+    input as typed).
+
+    Iterating raises InputError at the first line holding a byte that is not UTF-8, naming its
+    line and byte offset, after yielding the lines before it.
+    """
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def __iter__(self) -> Iterator[str]:
+        binary = getattr(self.stream, "buffer", None)
+        # A text stream (tests, an embedding program) is encoded back as it was decoded: the
+        # bytes that were not UTF-8 return from Python's surrogate escapes.
+        lines = binary if binary is not None else (
+            line.encode("utf-8", "surrogateescape") for line in self.stream
+        )  # fmt: skip
+        offset = 0
+        for number, raw in enumerate(lines, 1):
+            yield decode_line(raw, "stdin", "questions, one a line,", number, offset, InputError)
+            offset += len(raw)
+
+
+def _replaced(paths: RunPaths) -> bool:
+    """Whether a flag replaced a model or index of the run's system."""
+    system = paths.system
+    return system is not None and (
+        (paths.reader, paths.retriever, paths.index)
+        != (system.reader, system.retriever, system.index)
+    )
 
 
 def _configs(paths: RunPaths, config: Path | None, n_passages: int | None, device):
@@ -126,9 +221,12 @@ def _configs(paths: RunPaths, config: Path | None, n_passages: int | None, devic
         n_passages = ReaderSettings.load(paths.reader).n_passages
     if n_passages is not None:
         cfg = replace(cfg, n_passages=n_passages)
-    # The reader reads every passage retrieved: top_k is its n_passages.
-    search = replace(load_config(paths.retrieve_config, RetrieveConfig), top_k=cfg.n_passages)
-    return _runnable(cfg, device), _runnable(search, device)
+    # The search is the run's (its top_k: an approximate index may order its top n_passages
+    # otherwise when asked for fewer), of which the reader reads the first n_passages, as
+    # eval-reader read the run's lists; without the run's knobs, top_k is n_passages.
+    search = load_config(paths.retrieve_config, RetrieveConfig)
+    top_k = max(search.top_k, cfg.n_passages) if paths.retrieve_config else cfg.n_passages
+    return _runnable(cfg, device), _runnable(replace(search, top_k=top_k), device)
 
 
 def _runnable(cfg, device: torch.device):

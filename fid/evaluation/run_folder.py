@@ -9,18 +9,24 @@ passages/store/            compact runs: the passage store; else the passage TSV
                            data/demo/world/passages.tsv, data/scale/psgs_w100.tsv, or
                            `data.passages` of report/config.yaml (relative to the folder
                            that holds results/, where the workflow runs)
+
+Which reader, retriever and index make up the system a run built (what `fid ask --run`
+answers with and the report scores) is fid.evaluation.run_system's decision, not this module's.
 """
 
 from __future__ import annotations
 
-import re
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from fid.errors import DataError, InputError
+from fid.evaluation.run_system import RunSystem, run_system
 from fid.text_files import read_text
+
+logger = logging.getLogger(__name__)
 
 # Where a run keeps its passages, most useful first (a store reads by id without a scan).
 RUN_PASSAGES = ("passages/store", "data/demo/world/passages.tsv", "data/scale/psgs_w100.tsv")
@@ -28,7 +34,8 @@ RUN_PASSAGES = ("passages/store", "data/demo/world/passages.tsv", "data/scale/ps
 
 @dataclass(frozen=True)
 class RunPaths:
-    """A round's models, index and passages; the configs are None where defaults apply."""
+    """A round's models, index and passages; the configs are None where defaults apply.
+    `system`: the run's system they come from (None: every path given, no run)."""
 
     reader: Path
     retriever: Path
@@ -36,24 +43,28 @@ class RunPaths:
     passages: Path
     eval_config: Path | None = None
     retrieve_config: Path | None = None
+    system: RunSystem | None = None
 
 
 def run_paths(run: Path | None, round_: int | None, **given: Path | None) -> RunPaths:
-    """The models, index, passages and configs of a run's round, `given` ones replacing them.
+    """The models, index, passages and configs of a run's system (fid.evaluation.run_system:
+    the round's reader and the retriever and index whose lists it was scored on), `given` ones
+    replacing them.
 
     Only folder names are resolved here: the loaders check what the folders hold.
 
     Args:
         run: a run folder (results/<run>) or a run name under ./results; None: `given` names
             all of reader, retriever, index and passages.
-        round_: the round i (iter{i}); None: the newest with a trained reader.
+        round_: the reader's round i (iter{i}); None: the newest with a trained reader.
         given: reader, retriever, index, passages: paths that replace the run's (None: the
             run's).
 
     Raises:
         InputError: a run folder that does not exist, a run without a trained round (or
-            without `round_`), a run whose passages cannot be found; with no run, a missing
-            path.
+            without `round_`), a round whose lists no dense retriever of the run made (round
+            0's first retrieval) and no --retriever and --index, a run whose passages cannot be
+            found; with no run, a missing path.
     """
     if run is None:
         missing = [f"--{name}" for name, path in given.items() if path is None]
@@ -64,44 +75,28 @@ def run_paths(run: Path | None, round_: int | None, **given: Path | None) -> Run
                 f"{'; --round needs --run' if round_ is not None else ''})"
             )
         return RunPaths(**given)
-    run = _run_folder(run)
-    i = _round(run, round_)
-    found = {"reader": f"iter{i}/reader/model", "retriever": f"iter{i}/retriever/model",
-             "index": f"iter{i}/index"}  # fmt: skip
-    paths = {name: given[name] or run / path for name, path in found.items()}
-    configs = (run / "config" / f"{stage}.yaml" for stage in ("eval_reader", "retrieve"))
+    system = run_system(run, round_)
+    if system.retriever is None and (given["retriever"] is None or given["index"] is None):
+        raise DataError(
+            f"{system.reader}: round {system.round}'s reader was scored on the lists of "
+            f"{system.source}, which fid ask cannot search (it answers through a dense "
+            "retriever and index of the run). Hint: give --retriever and --index (e.g. "
+            f"{system.run / f'iter{system.round}'}'s) to ask it with those; the report did not "
+            "score that pair"
+        )
+    replaced = [f"--{name}" for name in ("reader", "retriever", "index") if given[name]]
+    if replaced:
+        logger.warning(
+            "%s replace the run's system's (%s): the answers are not those the report scored",
+            ", ".join(replaced), system.describe(),
+        )  # fmt: skip
+    found = {"reader": system.reader, "retriever": system.retriever, "index": system.index}
+    paths = {name: given[name] or found[name] for name in found}
+    configs = (system.run / "config" / f"{stage}.yaml" for stage in ("eval_reader", "retrieve"))
     eval_config, retrieve_config = (path if path.is_file() else None for path in configs)
-    passages = given["passages"] or _run_passages(run)
+    passages = given["passages"] or _run_passages(system.run)
     return RunPaths(**paths, passages=passages, eval_config=eval_config,
-                    retrieve_config=retrieve_config)  # fmt: skip
-
-
-def _run_folder(run: Path) -> Path:
-    if not run.is_dir() and len(run.parts) == 1 and (Path("results") / run).is_dir():
-        run = Path("results") / run
-    if not run.is_dir():
-        raise DataError(
-            f"{run}: run folder not found: expected a folder the workflow writes (results/<run>, "
-            "holding iter<i>/reader/model, iter<i>/retriever/model and iter<i>/index)"
-        )
-    return run
-
-
-def _round(run: Path, wanted: int | None) -> int:
-    """`wanted`, else the newest round with a reader (a round in progress has it first)."""
-    found = (re.fullmatch(r"iter(\d+)", path.name) for path in run.glob("iter*"))
-    rounds = sorted(int(m[1]) for m in found if m and (run / m[0] / "reader/model").is_dir())
-    if not rounds:
-        raise DataError(
-            f"{run}: no trained round: no iter<i>/reader/model folder (the workflow's "
-            "train_reader writes it). Hint: run the workflow (snakemake) to the end first"
-        )
-    if wanted is not None and wanted not in rounds:
-        raise DataError(
-            f"{run / f'iter{wanted}' / 'reader/model'}: round {wanted} has no trained reader "
-            f"(trained rounds: {', '.join(map(str, rounds))})"
-        )
-    return rounds[-1] if wanted is None else wanted
+                    retrieve_config=retrieve_config, system=system)  # fmt: skip
 
 
 def _run_passages(run: Path) -> Path:

@@ -9,7 +9,9 @@ up to date (`snakemake` alone has nothing to do): it is rebuilt when asked for b
 
 from __future__ import annotations
 
+import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -26,6 +28,8 @@ from workflow_helpers import (
     table_rows,
     write_config,
 )
+
+from fid.metrics.answers import exact_match
 
 pytestmark = pytest.mark.slow
 TINY = ROOT / "tests" / "workflow" / "config.yaml"
@@ -213,6 +217,42 @@ def test_report_shows_its_numbers(tiny_run):
     warmup = next(r for r in training if r[0] == "iter0/reader_warmup")
     assert "gold passage alone" in warmup[1]
     assert "run: tiny" in pages["results/tiny/report/config.html"]
+
+
+def test_ask_answers_as_the_report_scored(tiny_run):
+    """Issue 46.1: `fid ask --run` answers with the system the report's headline scores (round
+    1's reader reading the top n_passages of round 0's retriever, report/system.json): on the
+    test questions its answers are the report's predictions, the passages it reads are the top
+    of the lists the reader was scored on, and the exact match they make is the headline."""
+    report = tiny_run / "results/tiny/report"
+    system = json.loads((report / "system.json").read_text())
+    assert (system["round"], system["lists"]) == (1, "iter0"), system
+    assert (system["retriever"], system["index"]) == (
+        "results/tiny/iter0/retriever/model",
+        "results/tiny/iter0/index",
+    )
+    predicted = [json.loads(line) for line in
+                 (tiny_run / system["predictions"]["test"]).read_text().splitlines()]  # fmt: skip
+    lists = json.loads((tiny_run / "results/tiny/iter0/retrieval/test.json").read_text())
+    scored_on = {r["id"]: [c["id"] for c in r["ctxs"][: system["n_passages"]]] for r in lists}
+    asked = subprocess.run(
+        [sys.executable, "-m", "fid", "--threads", "1", "ask", "--run", "results/tiny", "--json"],
+        input="".join(p["question"] + "\n" for p in predicted), cwd=tiny_run, text=True,
+        capture_output=True, timeout=600, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    answers = [json.loads(line) for line in asked.stdout.splitlines()]
+    assert [a["question"] for a in answers] == [p["question"] for p in predicted]
+    assert [a["answer"] for a in answers] == [p["prediction"] for p in predicted]
+    assert [[c["id"] for c in a["passages"]] for a in answers] == [
+        scored_on[p["id"]] for p in predicted
+    ]
+    hits = [exact_match(a["answer"], p["answers"]) for a, p in zip(answers, predicted, strict=True)]
+    headline = system["exact_match"]["test"]
+    assert round(100 * sum(hits) / len(hits), 6) == round(headline, 6)
+    page = html.unescape((report / "exact_match.html").read_text())
+    assert "Headline: the system this run built, round 1's reader" in page
+    assert f"answers {headline:.2f}% of the test questions exactly" in page
 
 
 def test_console_and_logs_carry_no_noise(tiny_run):
