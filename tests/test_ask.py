@@ -10,6 +10,7 @@ import io
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -357,3 +358,20 @@ def test_ask_answers_as_eval_reader_scored_the_system(run, tmp_path, monkeypatch
     assert [[c["id"] for c in a["passages"]] for a in answers] == [read[p["id"]] for p in predicted]
     assert [a["answer"] for a in answers] == [p["prediction"] for p in predicted]
     assert any(p["prediction"] for p in predicted), "a reader that answers nothing proves little"
+
+
+@pytest.mark.parametrize("case", ["no_such_run", "bad_word"])
+def test_bad_input_is_said_before_torch_is_imported(tmp_path, case):
+    """A run folder that is not there, or a word that is not UTF-8, is said before the
+    seconds of importing torch and transformers (a process of its own: this one has them)."""
+    word = "'caf\\udce9'" if case == "bad_word" else "'who?'"
+    code = (
+        "import sys; from fid.cli import main; "
+        f"status = main(['ask', '--run', {str(tmp_path / 'results/none')!r}, {word}]); "
+        "print(status, 'torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, check=False)  # fmt: skip
+    assert result.stdout.split() == ["1", "False"], result.stdout + result.stderr
+    expected = "not UTF-8 (byte 0xe9" if case == "bad_word" else "run folder not found"
+    assert expected in result.stderr and "Traceback" not in result.stderr

@@ -117,6 +117,9 @@ def _run(args: argparse.Namespace) -> int:
     distributed = None
     args.device = None
     try:
+        prepare = getattr(args, "prepare", None)
+        if prepare is not None:  # a command's inputs checked before torch's seconds of import
+            prepare(args)
         if args.runs_models or info.is_distributed:
             from fid.runtime import distributed
             from fid.runtime.heap import return_freed_memory

@@ -342,18 +342,30 @@ def convert_lists(args) -> None:
 # ---------------------------------------------------------------- asking
 
 
+def prepare_ask(args) -> None:
+    """`fid ask`'s inputs, checked before torch is imported (a bad word or run folder is said
+    at once): the question (or stdin's) and the paths of the run's system."""
+    import sys
+
+    from fid.evaluation.ask_inputs import StdinQuestions, argument_question
+    from fid.evaluation.run_folder import run_paths
+
+    args.questions = (
+        [argument_question(args.question)] if args.question else StdinQuestions(sys.stdin)
+    )
+    given = {name: getattr(args, name) for name in ("reader", "retriever", "index", "passages")}
+    args.paths = run_paths(args.run, args.round, **given)
+
+
 def ask(args) -> None:
     import os
     import sys
 
-    from fid.evaluation.ask import StdinQuestions, argument_question, ask
-    from fid.evaluation.run_folder import run_paths
+    from fid.evaluation.ask import ask
 
-    questions = [argument_question(args.question)] if args.question else StdinQuestions(sys.stdin)
-    given = {name: getattr(args, name) for name in ("reader", "retriever", "index", "passages")}
-    paths = run_paths(args.run, args.round, **given)
     try:
-        ask(paths, args.config, args.n_passages, questions, sys.stdout, args.json, args.device)
+        ask(args.paths, args.config, args.n_passages, args.questions, sys.stdout, args.json,
+            args.device)  # fmt: skip
     except BrokenPipeError:
         # stdout's reader has gone (`fid ask ... | head -1`): the end, not an error; stdout
         # to /dev/null, so that the interpreter's last flush does not fail again.

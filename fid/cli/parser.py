@@ -297,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--output", type=Path, required=True, help="FiD-format json to write")
 
     c = add("ask", commands.ask, "Answer questions with a run's retriever, index and reader.")
+    c.set_defaults(prepare=commands.prepare_ask)  # its inputs, checked before torch is imported
     c.formatter_class = argparse.RawDescriptionHelpFormatter
     c.description = """\
 Answer questions with a trained run: the round's retriever searches its index and its reader

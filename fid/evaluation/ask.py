@@ -5,14 +5,16 @@ round's reader and the retriever and index whose lists that reader was scored on
 question and searches the index (fid.retrieval.dense), and the reader generates the answer
 from the top passages (fid.inference.generation), with the run's own knobs
 (fid.evaluation.run_folder finds them). Models, index and passages are loaded once; a question
-then costs one encoding, one search, a passage lookup and one generation: about 0.05 s on the
-demo's models on one CPU thread. Loading takes about 0.5 s; importing torch and transformers'
-T5 takes 4-5 CPU-seconds before that, once per call: ask many questions in one call (stdin).
+then costs one encoding, one search, a passage lookup and one generation: 0.03 s on the tiny
+test run's models on one CPU thread. Loading takes 0.1-0.5 s; importing torch and transformers'
+T5 takes about 4 CPU-seconds before that, once per call (the CLI checks the run folder and the
+question words before it): ask many questions in one call (stdin).
 
-A question is decoded as UTF-8 (an argument, or a line of stdin: a byte that is not UTF-8 is one
-error naming it, after the answers to the lines before it), and keeps at most half of the
-reader's passage input (`question_budget`): a longer one is cut, with a warning saying how many
-tokens were kept, so that the reader still sees every passage it lists as read.
+A question is decoded as UTF-8 (fid.evaluation.ask_inputs: an argument, or a line of stdin; a
+byte that is not UTF-8 is one error naming it, after the answers to the lines before it), and
+keeps at most half of the reader's passage input (`question_budget`): a longer one is cut, with
+a warning saying how many tokens were kept, so that the reader still sees every passage it
+lists as read.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -44,7 +45,6 @@ from fid.retrieval.index import PassageIndex
 from fid.retrieval.index_sources import check_index_sources
 from fid.retrieval.ranking import retrieval_records
 from fid.runtime.precision import autocast, resolve_precision
-from fid.text_files import decode_line
 
 logger = logging.getLogger(__name__)
 
@@ -157,52 +157,6 @@ def _within_budget(question: str, tokenizer, passage_max_tokens: int, number: in
         kept[:60] + ("..." if len(kept) > 60 else ""),
     )  # fmt: skip
     return kept
-
-
-def argument_question(words: Sequence[str]) -> str:
-    """The question given as command-line words, checked to be UTF-8 text.
-
-    Raises:
-        InputError: naming the word, and the byte, that is not UTF-8.
-    """
-    for number, word in enumerate(words, 1):
-        raw = os.fsencode(word)  # the bytes given (Python keeps undecodable ones as surrogates)
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise InputError(
-                f"fid ask: word {number} of the question ({raw!r}): not UTF-8 (byte "
-                f"0x{raw[error.start]:02x} at byte offset {error.start}: {error.reason}): "
-                "expected a question in UTF-8"
-            ) from None
-    return " ".join(words)
-
-
-class StdinQuestions:
-    """The lines of a stream (stdin), each decoded as UTF-8 on its own, as read (a terminal's
-    input as typed).
-
-    Iterating raises InputError at the first line holding a byte that is not UTF-8, naming its
-    line and byte offset, after yielding the lines before it.
-    """
-
-    def __init__(self, stream):
-        self.stream = stream
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-    def __iter__(self) -> Iterator[str]:
-        binary = getattr(self.stream, "buffer", None)
-        # A text stream (tests, an embedding program) is encoded back as it was decoded: the
-        # bytes that were not UTF-8 return from Python's surrogate escapes.
-        lines = binary if binary is not None else (
-            line.encode("utf-8", "surrogateescape") for line in self.stream
-        )  # fmt: skip
-        offset = 0
-        for number, raw in enumerate(lines, 1):
-            yield decode_line(raw, "stdin", "questions, one a line,", number, offset, InputError)
-            offset += len(raw)
 
 
 def _replaced(paths: RunPaths) -> bool:
