@@ -77,9 +77,17 @@ def eval_reader(
     questions = without_passages(examples)
     metrics = answer_metrics(predictions, [example.answers for example in questions])
     metrics["n_questions"] = len(examples)
+    threads = torch.get_num_threads()
     metrics["generation"] = {
         "questions_per_second": len(mine) / seconds if seconds > 0 else None,
         "cpu_seconds_per_question": cpu_seconds / len(mine) if len(mine) else None,
+        # The share of its threads' time the process got: well under 1 on a loaded machine,
+        # where the wall-clock figure above measures the load, not the reader (the CPU time per
+        # question does not). On a GPU the host waits on the device: low there, and harmless.
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "threads": threads,
+        "cpu_share": cpu_seconds / (seconds * threads) if seconds > 0 else None,
         "precision": precision,
         "acceleration": {
             key: getattr(cfg, key) for key in ACCELERATION_KEYS if getattr(cfg, key) is not None
