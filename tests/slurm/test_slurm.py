@@ -86,13 +86,14 @@ TWO_NODE_DDP = {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "gres": "gp
 # Each optimizer step of the workflow's training jobs first sleeps this long (slow_steps.py,
 # put before the venv's `fid` on PATH): steps of a known length however loaded the 2 cores are,
 # so the time-limit signal and the preemption land while the jobs train.
-STEP_SLEEP_S = 0.3
+STEP_SLEEP_S = 0.5
 TWO_RANKS = {"nodes": 1, "tasks_per_node": 2, "cpus_per_task": 1, "gres": "gpu:2", "mpi": "srun",
              "mem_mb": 1000, "runtime": 20}  # fmt: skip
-READER_STEPS, RETRIEVER_STEPS = 120, 100
-# The reader's time limit and stop signal: SIGUSR1 60 s after each start, time for ~30 s of
-# start-up (Snakemake's job step, 4 ranks) and ~30 s of training (~50 steps), so the 120 steps
-# (>= 36 s) take two starts or more (three on 2 idle cores).
+READER_STEPS, RETRIEVER_STEPS = 200, 60
+# The reader's time limit and stop signal: SIGUSR1 120 s after each start. A start spends ~25 s
+# in Snakemake's job step and ~25 s starting 4 ranks on 2 loaded cores (fid refuses to requeue
+# a start that trained for less time than it took to start), then trains ~70-90 s (~100-150
+# steps of >= 0.5 s), so the 200 steps take two starts or more.
 READER_RUNTIME_MIN = 3
 
 
@@ -110,7 +111,7 @@ def _config(path: Path) -> Path:
     config["resources"] = {
         "default": {"threads": 1, "mem_mb": 500, "runtime": 20},
         # round 0's reader trains into its time limit, on 2 nodes x 2 ranks
-        "train_reader": {**TWO_NODE_DDP, "runtime": READER_RUNTIME_MIN, "signal_lead_s": 120},
+        "train_reader": {**TWO_NODE_DDP, "runtime": READER_RUNTIME_MIN, "signal_lead_s": 60},
         # the retriever trains on 2 ranks in the partition whose jobs preemption cancels
         "train_retriever": {**TWO_RANKS, "slurm_partition": "spot"},
     }
