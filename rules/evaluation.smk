@@ -11,7 +11,7 @@ OUTPUTS:
     results/{run}/report/system.json  the run's system and its exact match  rule report_tables
     results/{run}/report/flags.{csv,html}  rounds worse than the one before rule report_flags
     results/{run}/report/{exact_match,retrieval_topk}.png                   rule report_plots
-    results/{run}/report/training_curves.png, training.html                 rule report_training
+    results/{run}/report/training_curves.png, training.{csv,html}           rule report_training
     results/{run}/report/runtimes.{csv,html}  time and memory per rule      rule report_runtimes
     results/{run}/report/config.{yaml,html}                                 rule report_config
     results/{run}/iter{i}/reader/eval_fast/{name}/{split}.json   rule eval_reader_fast (each
@@ -117,11 +117,13 @@ rule report_acceleration:
             "results/{run}/report/acceleration.html",
             category="1. Reader",
             caption="report/acceleration.rst",
+            labels={"page": "Faster answers (table)"},
         ),
         plot=report(
             "results/{run}/report/acceleration.png",
             category="1. Reader",
             caption="report/acceleration.rst",
+            labels={"page": "Faster answers (plot)"},
         ),
     log:
         "logs/report_acceleration/{run}.log",
@@ -190,11 +192,13 @@ rule report_tables:
             "results/{run}/report/exact_match.html",
             category="1. Reader",
             caption="report/exact_match.rst",
+            labels={"page": "Exact match (table)"},
         ),
         retrieval_page=report(
             "results/{run}/report/retrieval.html",
             category="2. Retrieval",
             caption="report/retrieval.rst",
+            labels={"page": "Retrieval top-k (table)"},
         ),
     log:
         "logs/report_tables/{run}.log",
@@ -221,6 +225,7 @@ rule report_flags:
             "results/{run}/report/flags.html",
             category="0. Warnings",
             caption="report/flags.rst",
+            labels={"page": "Warnings"},
         ),
     log:
         "logs/report_flags/{run}.log",
@@ -242,11 +247,13 @@ rule report_plots:
             "results/{run}/report/exact_match.png",
             category="1. Reader",
             caption="report/exact_match.rst",
+            labels={"page": "Exact match (plot)"},
         ),
         topk=report(
             "results/{run}/report/retrieval_topk.png",
             category="2. Retrieval",
             caption="report/retrieval.rst",
+            labels={"page": "Retrieval top-k (plot)"},
         ),
     log:
         "logs/report_plots/{run}.log",
@@ -260,15 +267,18 @@ rule report_training:
     input:
         models=[res_path(f"{m}/model") for m in TRAINED],
     output:
+        table="results/{run}/report/training.csv",
         curves=report(
             "results/{run}/report/training_curves.png",
             category="3. Training",
             caption="report/training_curves.rst",
+            labels={"page": "Training curves"},
         ),
         page=report(
             "results/{run}/report/training.html",
             category="3. Training",
             caption="report/training_curves.rst",
+            labels={"page": "Training (table)"},
         ),
     log:
         "logs/report_training/{run}.log",
@@ -291,6 +301,7 @@ rule report_runtimes:
             "results/{run}/report/runtimes.html",
             category="4. Run time",
             caption="report/runtimes.rst",
+            labels={"page": "Run time per rule"},
         ),
     log:
         "logs/report_runtimes/{run}.log",
@@ -314,6 +325,7 @@ rule report_config:
             "results/{run}/report/config.html",
             category="5. Configuration",
             caption="report/config.rst",
+            labels={"page": "Configuration"},
         ),
     log:
         "logs/report_config/{run}.log",

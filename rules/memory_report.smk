@@ -20,6 +20,7 @@ rule report_memory:
             "results/{run}/report/memory.html",
             category="3. Training",
             caption="report/memory.rst",
+            labels={"page": "Memory: plans and peaks"},
         ),
     log:
         "logs/report_memory/{run}.log",

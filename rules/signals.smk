@@ -60,11 +60,13 @@ rule report_signals:
             "results/{run}/report/signals.html",
             category="2. Retrieval",
             caption="report/signals.rst",
+            labels={"page": "Distillation signals (table)"},
         ),
         plot=report(
             "results/{run}/report/signals.png",
             category="2. Retrieval",
             caption="report/signals.rst",
+            labels={"page": "Distillation signals (plot)"},
         ),
     log:
         "logs/report_signals/{run}.log",

@@ -18,10 +18,16 @@ import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 inputs, params, output = snakemake.input, snakemake.params, snakemake.output
 
-fig, axes = plt.subplots(2, len(params.models), figsize=(3.6 * len(params.models), 6),
-                         squeeze=False)  # fmt: skip
+# At most 3 models side by side, each a loss panel over a dev panel: the figure is ~1000 px wide
+# (dpi 100), the width the report shows it at, so its 9-10 pt text is read at its size (6
+# models in one row made a 2,600 px image shown at ~1,000 px, axis text ~7 px).
+COLUMNS = min(3, len(params.models))
+ROWS = 2 * -(-len(params.models) // COLUMNS)
+fig, grid = plt.subplots(ROWS, COLUMNS, figsize=(10, 3.3 * ROWS), squeeze=False)
 rows = []
-for column, (name, folder) in enumerate(zip(params.models, inputs.models, strict=True)):
+for index, (name, folder) in enumerate(zip(params.models, inputs.models, strict=True)):
+    row, column = 2 * (index // COLUMNS), index % COLUMNS
+    axes = [grid[row], grid[row + 1]]
     records = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").open()]
     train = pd.DataFrame([r for r in records if r["kind"] == "train"])
     dev = pd.DataFrame([r for r in records if r["kind"] == "dev"])
@@ -43,12 +49,18 @@ for column, (name, folder) in enumerate(zip(params.models, inputs.models, strict
                  "dev metric": metric, "best (%)": best[metric], "at step": int(best["step"]),
                  "steps": int(train["step"].max()),
                  "last training loss": train["loss"].iloc[-1]})  # fmt: skip
+for index in range(len(params.models), (ROWS // 2) * COLUMNS):  # a last row not full
+    row, column = 2 * (index // COLUMNS), index % COLUMNS
+    grid[row][column].axis("off")
+    grid[row + 1][column].axis("off")
 fig.tight_layout()
-fig.savefig(output.curves, dpi=120)
+fig.savefig(output.curves, dpi=100)
+table = pd.DataFrame(rows)
+table.to_csv(output.table, index=False, float_format="%.4g")
 write_page(output.page, "Training: the dev metric that chose each exported model", [
     "Each model is validated on the lists it is trained on ('dev lists'), which is not what "
     "the exact match and retrieval tables measure: there a reader answers from the retrieved "
     "lists of the whole split, and a retriever searches the whole corpus. The retriever's "
     "candidate_agreement@k (the reader's top passage is in the retriever's top k) and "
     "candidate_answer_recall@k (the top k holds an answer) re-rank each dev question's candidates.",
-], pd.DataFrame(rows))  # fmt: skip
+], table, output.table)  # fmt: skip

@@ -23,6 +23,7 @@ from workflow_helpers import (
     ROOT,
     check_disk_plan,
     planned_jobs,
+    report_labels,
     report_pages,
     snakemake,
     table_rows,
@@ -230,6 +231,16 @@ def test_report_shows_its_numbers(tiny_run):
     warmup = next(r for r in training if r[0] == "iter0/reader_warmup")
     assert "gold passage alone" in warmup[1]
     assert "run: tiny" in pages["results/tiny/report/config.html"]
+    # Issue 46.4: the training table has its CSV, like every table; the curves are drawn at
+    # the ~1000 px the report shows them (6 models in one row were 2,600 px); the report's menu
+    # names each item by a title, not by its file name
+    assert len(pd.read_csv(report / "training.csv")) == len(training)
+    from PIL import Image
+
+    assert Image.open(report / "training_curves.png").size[0] <= 1000
+    labels = report_labels(tiny_run / "report.html")
+    assert labels["results/tiny/report/training_curves.png"] == {"page": "Training curves"}
+    assert all(label and not label["page"].endswith((".html", ".png")) for label in labels.values())
 
 
 def test_ask_answers_as_the_report_scored(tiny_run):

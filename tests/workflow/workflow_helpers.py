@@ -140,6 +140,14 @@ def report_pages(report: Path) -> dict[str, str]:
     return pages
 
 
+def report_labels(report: Path) -> dict[str, dict | None]:
+    """{result path: its labels} of a `snakemake --report` file (what its menu lists)."""
+    text = report.read_text()
+    found = re.search(r'<script id="results">\s*var results = (.*?);\s*</script>', text, re.S)
+    assert found, f"{report}: no results object"
+    return {path: entry["labels"] for path, entry in json.loads(found.group(1)).items()}
+
+
 def table_rows(page: str) -> list[list[str]]:
     """The cells of each body row of the (one) table in a report page, as text."""
     import html
