@@ -213,6 +213,13 @@ def test_report_shows_its_numbers(tiny_run):
     for row, (_, expected) in zip(table_rows(top_page), top.iterrows(), strict=True):
         assert row[3] == f"{expected['top-1 (%)']:.2f}" and row[-1] == str(expected["questions"])
     assert "top-10 (%)" in top_page
+    # Issue 46.4: each reader's ceiling, the share of questions whose passages read hold an
+    # answer (its lists' top-k at k = n_passages), beside its exact match
+    for _, row in em[em["reader"].str.startswith("round")].iterrows():
+        source = "bm25" if row["reads"].endswith("BM25") else "iter0"
+        expected = top[(top["source"] == source) & (top["split"] == row["split"])]["top-5 (%)"]
+        assert row["reads"].startswith("top 5 of ") and len(expected) == 1, row
+        assert row["answer in what it reads (%)"] == expected.iloc[0]
     # warnings: the flagged rows, or a sentence that says there are none (never a blank page)
     flags = pd.read_csv(report / "flags.csv")
     flag_page = pages["results/tiny/report/flags.html"]
