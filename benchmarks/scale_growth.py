@@ -26,7 +26,7 @@ minus the smallest scale's: the same slope, without using the middle points. Wha
 cannot show: work that is a product of two sizes (Flat search: questions x passages) hides under
 the constant at these scales, and memory that stops growing where a batch or chunk is full
 (embedding's sort_chunk, scoring's 256-question tokenizing chunk, eval batches) is extrapolated
-as if it kept growing: read the extrapolation as an upper bound for those (config/README.md).
+as if it kept growing: read the extrapolation as an upper bound for those (docs/scale.md).
 
 The extrapolation gives each rule at s = 1 per job (peak RSS per process, largest job's CPU) and
 in total (CPU hours, GB written), compact and fid_json side by side, and what is written per

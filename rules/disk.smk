@@ -2,7 +2,7 @@
 runs too) and checked against the free space of each file system it writes to before the first
 job (onstart, in the Snakefile). The figures are fid/memory/disk_sizes.py's formulas of
 the config (download sizes, questions, top-k, rounds, shards, keep_last_checkpoints, the index
-factory) and of the model and corpus sizes; config/README.md "Disk" says how they were checked.
+factory) and of the model and corpus sizes; docs/disk.md says how they were checked.
 
 - `disk_check: refuse` (the default) stops a run that does not fit, with the table;
   `disk_check: warn` only warns (space freed while the run goes, a quota the free space does
@@ -489,7 +489,7 @@ def check_disk(refuse):
     message = (
         f"the run does not fit on disk:\n{table}\nHint: free space or move results/ and "
         "state/ (a link to a larger file system), or set disk_check: warn to run anyway "
-        '(config/README.md "Disk")'
+        "(docs/disk.md)"
     )
     if refuse:
         raise WorkflowError(message)

@@ -1,7 +1,7 @@
 """Memory: every training stage's plan (`fid plan-memory`) checked when the workflow loads, before
 any job is queued; the training jobs' host memory requests (mem_mb) from their plans; and the
 report's predicted against measured peak per trained model. The arithmetic is
-workflow_scripts/memory_plans.py's; config/README.md "The workflow checks the plan" says why.
+workflow_scripts/memory_plans.py's; docs/memory.md "The workflow checks the plan" says why.
 
 - `gpu_memory` (a workflow key, or `--config gpu_memory=...`, which the SLURM profile sets): the
   memory of one GPU of the training ranks. A stage on GPUs whose predicted peak per rank does not

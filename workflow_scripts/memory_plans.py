@@ -231,7 +231,7 @@ def _compute_weights(job: TrainingJob) -> int:
 
 # ---------------------------------------------------------------- the check and the request
 def splits_on_oom(job: TrainingJob) -> bool:
-    """Whether a step out of memory is split and redone (config/README.md "Out of memory in a
+    """Whether a step out of memory is split and redone (docs/memory.md "Out of memory in a
     step"): on CUDA only (a CPU process out of memory is killed by the kernel), not FSDP over
     several ranks (the others wait inside its collective), and not the retriever's in-batch
     negatives, which are part of its loss."""

@@ -355,7 +355,7 @@ at most half of the reader's passage input (a warning says how many tokens were 
         "plan-disk",
         commands.plan_disk,
         "What one command will write to disk, from its --config and its inputs (the formulas "
-        'of the workflow\'s disk plan, config/README.md "Disk"), against the free space where '
+        "of the workflow's disk plan, docs/disk.md), against the free space where "
         "it writes. Exit 1 when it does not fit.",
     )
     c.add_argument("--for", dest="planned", required=True,

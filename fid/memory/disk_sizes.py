@@ -4,7 +4,7 @@ and of `fid plan-disk`, with fid.runtime.disk_plan's rows and check.
 Each figure is a formula of what the config says (download sizes, questions per split, top-k,
 rounds, shards, keep_last_checkpoints, index factory) and of the model and corpus sizes; a file
 that is already there counts as it is. The ratios below were measured on this project's runs
-(config/README.md "Disk"), where a formula alone cannot tell:
+(docs/disk.md), where a formula alone cannot tell:
 
 - GZIP_TEXT_RATIO: psgs_w100.tsv.gz (4,694,541,059 B) holds ~13.0 GB of TSV; other text
   compresses alike. A tar member's size is read from the archive once it is downloaded.

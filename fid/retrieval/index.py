@@ -18,7 +18,7 @@ fast-scan 4-bit PQ, 32 bytes; "PCAR128,SQ8": 128 bytes). They are trained on a s
 of `train_sample` vectors and filled `add_batch_size` vectors at a time, from memory-mapped
 embedding shards: memory holds the index and one batch. With `rerank`, a search takes
 `shortlist` candidates per query from the compressed index and re-scores them exactly from
-`vectors.npy`; config/README.md ("Compressed passage index") measures the choices.
+`vectors.npy`; docs/index.md measures the choices.
 Scores are always "higher is better": inner products as they are, and for the l2 metric the
 negated squared distance.
 """
@@ -383,7 +383,7 @@ class PassageIndex:
             raise DataError(f"{folder / INDEX_FILE}: cannot read: {faiss_message(error)}") from None
         # Memory-mapped: a search reads only the ids of the rows it found, and at 21M passages
         # the array (unicode, 4 bytes a character: 32 B a DPR id) is 0.7 GB, half of what a
-        # compressed index of 256-d vectors may take (config/README.md).
+        # compressed index of 256-d vectors may take (docs/index.md).
         ids = load_npy(folder / IDS_FILE, mmap=True)
         advise_random_access(ids)  # a search reads the ids of the rows it found: scattered
         if ids.ndim != 1 or ids.dtype.kind != "U":

@@ -6,7 +6,7 @@ centroid plus its PQ-coded residual, and scores it q . x1. Here every passage al
 codes of what x1 misses, r = x - x1. A search takes the base index's `shortlist` candidates
 with their scores q . x1 and re-scores them as q . x1 + q . r^, r^ the decoded codes: the inner
 product with a reconstruction finer than either the base codes or a refinement of the raw
-vector of the same bytes, because r is a much shorter vector than x (config/README.md,
+vector of the same bytes, because r is a much shorter vector than x (docs/index.md,
 "Residual codes in RAM", measures it).
 
 This module holds the codes and that search (`ResidualRefinement`); the rest by job:

@@ -18,7 +18,7 @@ How r is coded (`train_refinement`):
       fit of x by (1 + beta) x^ (x^ = x1 + r^): it removes the error along x^ itself, the one
       every question near x sees in full (its top passages are those it points along), and the
       score is (q . x1 + q . r^)(1 + beta).
-    At 1M passages, d = 384, 150 bytes on an IVF1024,PQ32 (config/README.md): plain
+    At 1M passages, d = 384, 150 bytes on an IVF1024,PQ32 (docs/index.md): plain
     water-filling kept 0.966 of Flat's top-20 answers, weighted 0.976, scaled 0.971, both
     0.998: the two errors they remove are the two halves of what reorders close passages.
     A base without OPQ suits it (OPQ spreads the base's error evenly, leaving the weighting

@@ -1,7 +1,7 @@
 """Every config example of the docs is planned as `snakemake -n` plans it (issue 49 item 3).
 
 An example is a fenced `yaml` block of a markdown document (README.md, ARCHITECTURE.md,
-config/README.md) whose first line names the config it goes over (`# over config/nq.yaml`),
+config/README.md, docs/*.md) whose first line names the config it goes over (`# over config/nq.yaml`),
 or, in a config file's comments, the lines after a `# Example:` line, indented `#   `, which go
 over that file. Each is given to Snakemake after its config, as `--configfile CONFIG EXAMPLE`
 gives it (nested keys merged), and the workflow is loaded and its DAG planned with the dry-run
@@ -21,7 +21,8 @@ import sys
 import pytest
 from workflow_helpers import BIN, ROOT
 
-MARKDOWN = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "config" / "README.md"]
+MARKDOWN = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "config" / "README.md",
+            *sorted((ROOT / "docs").glob("*.md"))]  # fmt: skip
 CONFIGS = sorted(p for p in (ROOT / "config").glob("*.yaml") if p.name != "config.schema.yaml")
 
 
@@ -121,11 +122,11 @@ def planned(tmp_path_factory):
 
 
 def test_the_docs_hold_examples_of_each_kind():
-    """The extraction finds what the docs hold: blocks in config/README.md over the demo and
-    nq.yaml, and examples in config.yaml's and nq.yaml's comments (an extractor that finds
-    nothing would pass every example)."""
+    """The extraction finds what the docs hold: blocks in config/README.md over the demo, in
+    docs/index.md over nq.yaml, and examples in config.yaml's and nq.yaml's comments (an
+    extractor that finds nothing would pass every example)."""
     found = {(where.split(":")[0], config.name) for where, (config, _) in EXAMPLES.items()}
-    assert {("config/README.md", "config.yaml"), ("config/README.md", "nq.yaml"),
+    assert {("config/README.md", "config.yaml"), ("docs/index.md", "nq.yaml"),
             ("config/config.yaml", "config.yaml"), ("config/nq.yaml", "nq.yaml"),
             ("config/tqa.yaml", "tqa.yaml")} <= found, found  # fmt: skip
 
