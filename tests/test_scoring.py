@@ -328,3 +328,35 @@ def test_loop_scores_a_lone_passage_0_at_every_batch_size(
         assert len(alone) == 6 and (alone != 0).all()
         torch.testing.assert_close(torch.from_numpy(mixed[i]), torch.from_numpy(alone),
                                    atol=1e-5, rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["pdist", "loop"])
+def test_atlas_per_token_mean_is_the_sum_over_the_answers_tokens(
+    tiny_t5, tokenizer, toy_records, tmp_path, mode
+):
+    """Issue 49.2: the project's pdist/loop teacher is the answer's summed log-likelihood, so a
+    temperature acts as Atlas's times the answer's length; `answer_log_likelihood: mean` gives
+    Atlas's convention, the sum over the answer's tokens (EOS included), question by
+    question."""
+    from fid.inference.scoring import passage_scores
+
+    examples = load_examples(write_json(tmp_path / "q.json", toy_records["dev"][:6]))
+    collator = ReaderCollator(tokenizer, n_passages=4, passage_max_tokens=48)
+    reader = FiDReader(tiny_t5, encoder_buckets=2).eval()
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        summed = passage_scores(reader, collator, examples, 3, mode, cpu)
+        mean = passage_scores(reader, collator, examples, 3, mode, cpu, per_answer_token=True)
+    for example, total, per_token in zip(examples, summed, mean, strict=True):
+        tokens = len(collator.encode_targets([example.answers[0]])[0].ne(-100).nonzero())
+        assert tokens > 1  # an answer of several tokens: the two conventions differ
+        torch.testing.assert_close(torch.from_numpy(per_token.values),
+                                   torch.from_numpy(total.values) / tokens)  # fmt: skip
+
+
+def test_answer_log_likelihood_is_refused_where_no_answer_is_scored():
+    from fid.config import ConfigError, ScorePassagesConfig
+
+    assert ScorePassagesConfig(mode="pdist", answer_log_likelihood="mean")
+    with pytest.raises(ConfigError, match="only pdist and loop score the answer's likelihood"):
+        ScorePassagesConfig(mode="mean_logit", answer_log_likelihood="mean")

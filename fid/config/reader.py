@@ -176,6 +176,11 @@ class ScorePassagesConfig(ReaderInputConfig):
             decoder's cross-attention; the encoding is computed once); a question's only
             passage scores 0 (nothing is left without it). Both decode N inputs a question:
             costlier than the attention scores.
+        answer_log_likelihood: how pdist and loop total the answer's token log-probabilities:
+            "sum" (the answer's log-likelihood, the default) or "mean" (per answer token,
+            EOS included: Atlas's code). With "sum" a teacher's temperature acts as Atlas's
+            times the answer's length, so a long answer gets a sharper teacher; Atlas's
+            temperatures (0.01-0.1) are for "mean". Only pdist and loop read it.
         precision: fp32 by default, everywhere: the scores are the retriever's teacher, and
             the original computed them in fp32 (bf16 moves near-tied passages' order).
         override_model_settings: as in EvalReaderConfig.
@@ -183,12 +188,19 @@ class ScorePassagesConfig(ReaderInputConfig):
 
     batch_size: int = 8
     mode: ScoreMode = "mean_logit"
+    answer_log_likelihood: Literal["sum", "mean"] = "sum"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
     override_model_settings: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         check_range("batch_size", self.batch_size, low=1)
+        if self.answer_log_likelihood != "sum" and self.mode not in ("pdist", "loop"):
+            raise ConfigError(
+                f"answer_log_likelihood = {self.answer_log_likelihood!r} with mode = "
+                f"{self.mode!r}: only pdist and loop score the answer's likelihood. Hint: "
+                "remove answer_log_likelihood, or set mode: pdist or loop"
+            )
 
 
 @dataclass(frozen=True)

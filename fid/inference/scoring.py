@@ -62,11 +62,14 @@ def passage_scores(
     mode: str,
     device: torch.device,
     injection: Injection | None = None,
+    per_answer_token: bool = False,
 ) -> list[ReadScores]:
     """Reader scores of the passages each question's reader input holds, in input order.
 
     A batch out of memory is redone in halves, the batch size lowered for the rest of the run
-    (fid.runtime.oom_batch_halving; `injection`: its simulated failures)."""
+    (fid.runtime.oom_batch_halving; `injection`: its simulated failures). `per_answer_token`:
+    pdist's and loop's log-likelihoods divided by the answer's length in tokens (Atlas's
+    convention; ScorePassagesConfig.answer_log_likelihood "mean")."""
     scores: list[ReadScores | None] = [None] * len(examples)
     # PDist's and LOOP's answers, checked before any scoring: a question without one fails at once
     answers = [_answer(example, mode) for example in examples] if mode in ANSWER_MODES else None
@@ -89,6 +92,9 @@ def passage_scores(
             values = reader.leave_one_out_log_likelihoods(
                 batch.input_ids, batch.attention_mask, batch.labels
             )
+        if answers is not None and per_answer_token:
+            # (B, 1) answer tokens, EOS included: the labels' non-padding positions
+            values = values / (batch.labels != -100).sum(dim=-1, keepdim=True)
         # (B, N) float: one score per passage slot; slots past a question's ctxs are padding
         return values.float().cpu(), batch.ctx_indices
 
@@ -124,17 +130,26 @@ def _answer(example: Example, mode: str) -> str:
 
 
 def with_reader_scores(
-    example: Example, scores: dict[int, float], mode: str, n_passages: int
+    example: Example, scores: dict[int, float], scoring: dict[str, Any]
 ) -> dict[str, Any]:
     """The example's record with `reader_score` in every ctx: a float for the passages the
     reader read, None for the others (so no stale score survives), and `reader_scoring`
-    metadata saying how they were scored."""
+    metadata saying how they were scored (`scoring`, and how many)."""
     record = dict(example.record)
     record["ctxs"] = [
         {**ctx, "reader_score": scores.get(i)} for i, ctx in enumerate(example.record["ctxs"])
     ]
-    record["reader_scoring"] = {"mode": mode, "n_passages": n_passages, "n_scored": len(scores)}
+    record["reader_scoring"] = {**scoring, "n_scored": len(scores)}
     return record
+
+
+def scoring_of(cfg) -> dict[str, Any]:
+    """How a ScorePassagesConfig scores, as the output records it: the mode, the passages read
+    and, for the answer-likelihood modes, how the answer's tokens are totalled."""
+    scoring = {"mode": cfg.mode, "n_passages": cfg.n_passages}
+    if cfg.mode in ANSWER_MODES:
+        scoring["answer_log_likelihood"] = cfg.answer_log_likelihood
+    return scoring
 
 
 def scored_lists(lists: RetrievalLists, scores: Sequence[ReadScores], scoring: dict):
@@ -170,15 +185,16 @@ def score_passages(
         local = passage_scores(
             reader, collator, mine, cfg.batch_size, cfg.mode, device,
             Injection.from_env(distributed.world()[0]),
+            per_answer_token=cfg.answer_log_likelihood == "mean",
         )  # fmt: skip
     scores = distributed.gather_to_main(len(examples), local)
     if scores is not None:
-        scoring = {"mode": cfg.mode, "n_passages": cfg.n_passages}
+        scoring = scoring_of(cfg)
         if isinstance(examples, ListExamples):
             write_lists(output_path, scored_lists(examples.lists, scores, scoring))
         else:
             records = (
-                with_reader_scores(example, read.as_dict(), cfg.mode, cfg.n_passages)
+                with_reader_scores(example, read.as_dict(), scoring)
                 for example, read in zip(examples, scores, strict=True)
             )
             atomic_write_json(output_path, list(records))
