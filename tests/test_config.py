@@ -85,7 +85,7 @@ def test_the_workflows_reader_temperature_per_score_mode():
     assert reader_temperature_for(0.5, "pdist") == 0.5
     for bad, message in [
         ({"pdst": 0.1}, "'pdst' is no score_passages mode: expected a number, or a mapping "
-                        "from modes (mean_logit, attention_mass, pdist, loop) to numbers"),
+                        "from modes (mean_logit, attention_mass, pdist, loop, uniform) to numbers"),
         ({"pdist": "sharp"}, "pdist = 'sharp' has the wrong type: expected a number"),
         ({"pdist": True}, "pdist = True has the wrong type: expected a number"),
         ({"loop": 0}, "loop = 0 is out of range: expected >= 1e-06"),

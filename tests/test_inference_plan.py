@@ -103,6 +103,9 @@ def test_plan_memory_plans_inference_commands(eval_config, tiny_model_dir, tmp_p
     score.write_text("n_passages: 6\nbatch_size: 2\nmode: pdist\npassage_max_tokens: 40\n")
     assert _plan("score-passages", score, tiny_model_dir, "--answer-tokens", "7") == 0
     assert "2 question(s) x 6 passages x 40 tokens, pdist" in capsys.readouterr().out
+    score.write_text("n_passages: 6\nbatch_size: 2\nmode: uniform\npassage_max_tokens: 40\n")
+    assert _plan("score-passages", score, tiny_model_dir) == 0  # the control: no forward
+    assert "2 question(s) x 6 passages x 40 tokens, uniform" in capsys.readouterr().out
     assert _plan("eval-reader", eval_config, tiny_model_dir, "--gpu-memory", "1MiB") == 1
     assert "not even a batch of one fits" in capsys.readouterr().out
 

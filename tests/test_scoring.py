@@ -360,3 +360,20 @@ def test_answer_log_likelihood_is_refused_where_no_answer_is_scored():
     assert ScorePassagesConfig(mode="pdist", answer_log_likelihood="mean")
     with pytest.raises(ConfigError, match="only pdist and loop score the answer's likelihood"):
         ScorePassagesConfig(mode="mean_logit", answer_log_likelihood="mean")
+
+
+def test_the_uniform_control_scores_every_read_passage_0(tiny_t5, tokenizer, toy_records, tmp_path):
+    """Issue 49.1: the no-teacher control. With 5 candidates, in-batch negatives and nearly flat
+    teachers a student mostly learns "my candidates vs other questions' passages"; a retriever
+    distilled from `mode: uniform` learns only that, so a signal is read against it. Every
+    passage the reader would read scores 0 (a uniform target at any temperature): the
+    n_passages it reads, or fewer where a question has fewer."""
+    from fid.inference.scoring import passage_scores
+
+    examples = load_examples(write_json(tmp_path / "q.json", toy_records["dev"][:5]))
+    examples[0].ctxs = examples[0].ctxs[:2]
+    collator = ReaderCollator(tokenizer, n_passages=4, passage_max_tokens=48)
+    reader = FiDReader(tiny_t5, encoder_buckets=2).eval()
+    found = passage_scores(reader, collator, examples, 2, "uniform", torch.device("cpu"))
+    assert [read.values.tolist() for read in found] == [[0.0] * 2] + [[0.0] * 4] * 4
+    assert all(len(set(read.ctx_indices.tolist())) == len(read.values) for read in found)

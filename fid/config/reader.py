@@ -154,7 +154,7 @@ class EvalReaderConfig(GenerationConfig):
 
 
 # The teachers `fid score-passages` writes (ScorePassagesConfig.mode).
-ScoreMode = Literal["mean_logit", "attention_mass", "pdist", "loop"]
+ScoreMode = Literal["mean_logit", "attention_mass", "pdist", "loop", "uniform"]
 SCORE_MODES: tuple[str, ...] = typing.get_args(ScoreMode)
 
 
@@ -175,7 +175,9 @@ class ScorePassagesConfig(ReaderInputConfig):
             passages) drops when the passage is left out (its tokens masked from the
             decoder's cross-attention; the encoding is computed once); a question's only
             passage scores 0 (nothing is left without it). Both decode N inputs a question:
-            costlier than the attention scores.
+            costlier than the attention scores. "uniform": a control, not a teacher: every
+            read passage scores 0, so the retriever's target is uniform over a question's
+            candidates and carries no reader information (what a signal must beat).
         answer_log_likelihood: how pdist and loop total the answer's token log-probabilities:
             "sum" (the answer's log-likelihood, the default) or "mean" (per answer token,
             EOS included: Atlas's code). With "sum" a teacher's temperature acts as Atlas's

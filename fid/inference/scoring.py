@@ -82,7 +82,10 @@ def passage_scores(
 
     def forward(batch):
         batch = batch.to(device)
-        if answers is None:
+        if mode == "uniform":  # the control: no reader information, 0 for every read passage
+            read = batch.attention_mask.sum(dim=-1) > 0  # (B, N) passage slots that hold one
+            values = torch.zeros(read.shape).masked_fill(~read.cpu(), float("nan"))
+        elif answers is None:
             values = reader.passage_scores(batch.input_ids, batch.attention_mask, mode)
         elif mode == "pdist":
             values = reader.answer_log_likelihoods(

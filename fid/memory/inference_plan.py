@@ -259,9 +259,13 @@ def _embed(model: DualEncoder, inputs: InferenceInputs) -> None:
     model.encode_passages(ids, torch.ones_like(ids))
 
 
+def _no_forward(model, inputs: InferenceInputs) -> None:
+    """score-passages' uniform control: the reader is loaded, never run."""
+
+
 _RUNS = {"generate": _generate, "mean_logit": _attention_scores,
          "attention_mass": _attention_scores, "pdist": _pdist, "loop": _loop,
-         "embed": _embed}  # fmt: skip
+         "uniform": _no_forward, "embed": _embed}  # fmt: skip
 
 
 def inference_summary(plan: InferencePlan, model: str, memory: int | None,

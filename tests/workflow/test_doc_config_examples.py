@@ -162,7 +162,7 @@ def test_example_plans(planned, where):
 
 def test_documented_signals_train_at_their_modes_temperature(planned):
     """config/README.md's signals on the demo: its own teacher (attention_mass) trains at the
-    demo's 0.1; pdist, loop and EMDR2 at 1.0, as the table there says and as the benchmark
+    demo's 0.1; pdist, loop, EMDR2 and the uniform control at 1.0, as the table there says and as the benchmark
     measured them (they inherited attention mass's 0.1, and EMDR2 was refused for it)."""
     (where,) = [w for w, (_, text) in EXAMPLES.items()
                 if w.startswith("config/README.md") and "loop: {score_passages" in text]  # fmt: skip
@@ -171,5 +171,6 @@ def test_documented_signals_train_at_their_modes_temperature(planned):
     assert result["reader_temperature"] == {
         "retriever": 0.1, "retriever_later": 0.1, "retriever_signal_pdist": 1.0,
         "retriever_signal_loop": 1.0, "retriever_signal_emdr2": 1.0,
+        "retriever_signal_uniform": 1.0,
     }  # fmt: skip
-    assert result["jobs"]["train_retriever_signal"] == 3
+    assert result["jobs"]["train_retriever_signal"] == 4
