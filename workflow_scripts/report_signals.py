@@ -42,6 +42,10 @@ for s, split in enumerate(params.splits):
         if sorted(hits) != sorted(ids):
             raise ValueError(f"{path}: not the questions of {inputs.own[s]}")
         sources.append((name, np.stack([hits[q] for q in ids]) if ids else theirs))
+    # The no-teacher control (score_passages mode uniform), when one is compared: every row is
+    # also read against it, since a signal that does not beat it taught nothing of the reader.
+    control = next((hits for name, hits in sources if params.teachers[name][0] == "uniform"),
+                   None)  # fmt: skip
     for name, ours in sources:
         mode, objective = params.teachers[name]
         row = {"split": split, "retriever": name, "teacher": mode, "objective": objective}
@@ -50,6 +54,11 @@ for s, split in enumerate(params.splits):
             row[f"top-{k} (%)"] = ours[:, j].mean() if ids else None
             row[f"top-{k} difference"] = (ours[:, j] - theirs[:, j]).mean() if ids else None
             row[f"top-{k} CI low"], row[f"top-{k} CI high"] = low, high
+            if control is not None:
+                low, high = paired_bootstrap_interval(ours[:, j], control[:, j])
+                row[f"top-{k} vs control"] = (ours[:, j] - control[:, j]).mean() if ids else None
+                row[f"top-{k} vs control CI low"] = low
+                row[f"top-{k} vs control CI high"] = high
         rows.append({**row, "questions": len(ids)})
 table = pd.DataFrame(rows)
 table.to_csv(output.table, index=False, float_format="%.4g")
@@ -58,7 +67,10 @@ write_page(output.page, "Distillation signals: which teacher trains the retrieve
     f"{params.own} with the round's own teacher, every other row with a signal of "
     "distillation_signals. Top-k answer accuracy in percent over the same questions; "
     f"'difference': the row's minus {params.own}'s, with its paired bootstrap 95% interval "
-    "over questions (CI low, CI high); an interval that holds 0 decides nothing.",
+    "over questions (CI low, CI high); an interval that holds 0 decides nothing. With a "
+    "signal of mode uniform compared (the no-teacher control: a uniform target, no reader "
+    "information), 'vs control' gives every row's difference to it, with its interval: a "
+    "teacher whose interval holds 0 there cannot be told from no teacher.",
 ], table, output.table)  # fmt: skip
 
 fig, axes = plt.subplots(1, n_splits, figsize=(5 * n_splits, 3.8), squeeze=False)
