@@ -368,12 +368,35 @@ def disk_rows():
                 f"{corpus.passages:,} passages x {disk_sizes.STORE_BYTES_PER_PASSAGE} B",
             )
         )
-    if "bm25" in SOURCES:
+    if "bm25" in SOURCES and knob("bm25", "shards") == 1:
         rows.append(
             disk_sizes.row(
                 "bm25 index",
                 res_path("bm25/index"),
                 disk_sizes.bm25_bytes(corpus, _text_stats()),
+            )
+        )
+    elif "bm25" in SOURCES:
+        # bm25.shards > 1: the statistics, and the shard indexes with their lists (npz)
+        shards = knob("bm25", "shards")
+        splits = {"train", "dev", *EVAL_SPLITS} if FIRST == "bm25" else EVAL_SPLITS
+        questions = sum(QUESTIONS[s] for s in splits)
+        top_k = knob("bm25", "top_k")
+        indexes, basis = disk_sizes.bm25_shards_bytes(corpus, _text_stats(), shards)
+        lists = shards * disk_sizes.list_bytes(questions, top_k, corpus, True)
+        rows.append(
+            disk_sizes.row(
+                "bm25 statistics",
+                res_path("bm25/stats"),
+                disk_sizes.bm25_stats_bytes(corpus, _text_stats()),
+            )
+        )
+        rows.append(
+            DiskRow(
+                f"bm25 shard indexes and lists ({shards})",
+                res_path("bm25/shards"),
+                indexes + lists,
+                f"{basis}; {questions:,} questions x {top_k} passages each, npz",
             )
         )
         rows.append(

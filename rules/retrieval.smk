@@ -9,6 +9,11 @@ OUTPUTS:
     results/{run}/init/retriever/                      rule init_retriever (models.retriever: init)
     results/{run}/bm25/index/                          rule build_bm25
     results/{run}/bm25/retrieval/{split}.json          rule retrieve_bm25
+    with bm25.shards = S > 1 instead:
+    results/{run}/bm25/stats/                          rule bm25_stats
+    results/{run}/bm25/shards/{k}/index/               rule build_bm25_shard (k = 1..S)
+    results/{run}/bm25/shards/{k}/{split}.npz          rule retrieve_bm25_shard
+    results/{run}/bm25/retrieval/{split}.json          rule merge_bm25
     results/{run}/iter{i}/retriever/model/             rule train_retriever
     results/{run}/{source}/embeddings/shard{k}.npy ... rule embed_passages (scatter)
     results/{run}/{source}/index/                      rule build_index (gather)
@@ -38,51 +43,160 @@ rule init_retriever:
         " --corpus {input.corpus:q} --output {output:q}"
 
 
-rule build_bm25:
-    input:
-        passages=passages(),
-        config=stage_file("bm25"),
-    output:
-        directory("results/{run}/bm25/index"),
-    log:
-        "logs/build_bm25/{run}.log",
-    benchmark:
-        "logs/benchmarks/build_bm25/{run}.tsv"
-    priority: 50
-    conda:
-        "envs/fid.yaml"
-    threads: threads("build_bm25")
-    resources:
-        **res("build_bm25"),
-    shell:
-        fid("build_bm25")
-        + " build-bm25 --config {input.config:q} --passages {input.passages:q}"
-        " --output {output:q}"
+BM25_SHARDS = knob("bm25", "shards")
 
 
-rule retrieve_bm25:
-    input:
-        index="results/{run}/bm25/index",
-        passages=list_store() or passages(),
-        questions=lambda wc: questions(wc.split),
-        config=stage_file("bm25"),
-    output:
-        "results/{run}/bm25/retrieval/{split}.json",
-    log:
-        "logs/retrieve_bm25/{run}/{split}.log",
-    benchmark:
-        "logs/benchmarks/retrieve_bm25/{run}/{split}.tsv"
-    priority: 50
-    conda:
-        "envs/fid.yaml"
-    threads: threads("retrieve_bm25")
-    resources:
-        **res("retrieve_bm25"),
-    shell:
-        fid("retrieve_bm25")
-        + " retrieve-bm25 --config {input.config:q} --index {input.index:q}"
-        " --passages {input.passages:q} --questions {input.questions:q}"
-        " --output {output:q}"
+if BM25_SHARDS == 1:
+
+    rule build_bm25:
+        input:
+            passages=passages(),
+            config=stage_file("bm25"),
+        output:
+            directory("results/{run}/bm25/index"),
+        log:
+            "logs/build_bm25/{run}.log",
+        benchmark:
+            "logs/benchmarks/build_bm25/{run}.tsv"
+        priority: 50
+        conda:
+            "envs/fid.yaml"
+        threads: threads("build_bm25")
+        resources:
+            **res("build_bm25"),
+        shell:
+            fid("build_bm25")
+            + " build-bm25 --config {input.config:q} --passages {input.passages:q}"
+            " --output {output:q}"
+
+    rule retrieve_bm25:
+        input:
+            index="results/{run}/bm25/index",
+            passages=list_store() or passages(),
+            questions=lambda wc: questions(wc.split),
+            config=stage_file("bm25"),
+        output:
+            "results/{run}/bm25/retrieval/{split}.json",
+        log:
+            "logs/retrieve_bm25/{run}/{split}.log",
+        benchmark:
+            "logs/benchmarks/retrieve_bm25/{run}/{split}.tsv"
+        priority: 50
+        conda:
+            "envs/fid.yaml"
+        threads: threads("retrieve_bm25")
+        resources:
+            **res("retrieve_bm25"),
+        shell:
+            fid("retrieve_bm25")
+            + " retrieve-bm25 --config {input.config:q} --index {input.index:q}"
+            " --passages {input.passages:q} --questions {input.questions:q}"
+            " --output {output:q}"
+
+else:
+    # bm25.shards = S > 1: the corpus's statistics once, S shard indexes built with them, each
+    # split searched in every shard and merged into the global top k (fid.retrieval.bm25_*):
+    # the lists one index gives, no job holding more than a shard. SLURM runs the shards side
+    # by side, each with its rule's resources.
+
+    rule bm25_stats:
+        input:
+            passages=passages(),
+            config=stage_file("bm25"),
+        output:
+            directory("results/{run}/bm25/stats"),
+        log:
+            "logs/bm25_stats/{run}.log",
+        benchmark:
+            "logs/benchmarks/bm25_stats/{run}.tsv"
+        priority: 50
+        conda:
+            "envs/fid.yaml"
+        threads: threads("bm25_stats")
+        resources:
+            **res("bm25_stats"),
+        shell:
+            fid("bm25_stats")
+            + " bm25-stats --config {input.config:q} --passages {input.passages:q}"
+            " --output {output:q}"
+
+    rule build_bm25_shard:
+        input:
+            stats="results/{run}/bm25/stats",
+            passages=passages(),
+            config=stage_file("bm25"),
+        output:
+            directory("results/{run}/bm25/shards/{k}/index"),
+        log:
+            "logs/build_bm25_shard/{run}/{k}.log",
+        benchmark:
+            "logs/benchmarks/build_bm25_shard/{run}/{k}.tsv"
+        wildcard_constraints:
+            k=r"\d+",
+        priority: 50
+        conda:
+            "envs/fid.yaml"
+        threads: threads("build_bm25_shard")
+        resources:
+            **res("build_bm25_shard"),
+        params:
+            shards=BM25_SHARDS,
+        shell:
+            fid("build_bm25_shard")
+            + " build-bm25 --config {input.config:q} --passages {input.passages:q}"
+            " --shard {wildcards.k}/{params.shards} --stats {input.stats:q} --output {output:q}"
+
+    rule retrieve_bm25_shard:
+        input:
+            index="results/{run}/bm25/shards/{k}/index",
+            questions=lambda wc: questions(wc.split),
+            config=stage_file("bm25"),
+        output:
+            "results/{run}/bm25/shards/{k}/{split}.npz",
+        log:
+            "logs/retrieve_bm25_shard/{run}/{k}/{split}.log",
+        benchmark:
+            "logs/benchmarks/retrieve_bm25_shard/{run}/{k}/{split}.tsv"
+        wildcard_constraints:
+            k=r"\d+",
+        priority: 50
+        conda:
+            "envs/fid.yaml"
+        threads: threads("retrieve_bm25_shard")
+        resources:
+            **res("retrieve_bm25_shard"),
+        shell:
+            fid("retrieve_bm25_shard")
+            + " retrieve-bm25-shard --config {input.config:q} --index {input.index:q}"
+            " --questions {input.questions:q} --output {output:q}"
+
+    rule merge_bm25:
+        input:
+            stats="results/{run}/bm25/stats",
+            lists=expand(
+                "results/{{run}}/bm25/shards/{k}/{{split}}.npz",
+                k=range(1, BM25_SHARDS + 1),
+            ),
+            passages=list_store() or passages(),
+            questions=lambda wc: questions(wc.split),
+            config=stage_file("bm25"),
+        output:
+            "results/{run}/bm25/retrieval/{split}.json",
+        log:
+            "logs/merge_bm25/{run}/{split}.log",
+        benchmark:
+            "logs/benchmarks/merge_bm25/{run}/{split}.tsv"
+        priority: 50
+        conda:
+            "envs/fid.yaml"
+        threads: threads("merge_bm25")
+        resources:
+            **res("merge_bm25"),
+        shell:
+            fid("merge_bm25")
+            + " merge-bm25-lists --config {input.config:q} --stats {input.stats:q}"
+            " --shard-lists {input.lists:q} --passages {input.passages:q}"
+            " --questions {input.questions:q} --output {output:q}"
 
 
 rule train_retriever:

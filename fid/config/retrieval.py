@@ -47,9 +47,14 @@ class BM25Config:
         list_format: what retrieve-bm25 writes: "fid_json" (FiD records with every passage's
             text) or "compact" (passage ids and scores, fid.data.retrieval_lists; the text is
             read from a passage store when used).
+        shards: the workflow's BM25 jobs. 1: one index (build-bm25) and one retrieval job per
+            split. S > 1: a statistics pass over the whole corpus (bm25-stats), S shard
+            builds with those global statistics (build-bm25 --shard K/S), S retrievals per
+            split (retrieve-bm25-shard) and a merge per split (merge-bm25-lists): the lists
+            equal one index's, each job holding a shard. The commands themselves ignore it.
 
-    Everything but top_k, batch_size and list_format is built into the index; retrieval reads
-    it from there (a config that disagrees with the index is an error).
+    Everything but top_k, batch_size, list_format and shards is built into the index; retrieval
+    reads it from there (a config that disagrees with the index is an error).
     """
 
     k1: float = 0.9
@@ -61,8 +66,10 @@ class BM25Config:
     top_k: int = 100
     batch_size: int = 256
     list_format: Literal["fid_json", "compact"] = "fid_json"
+    shards: int = 1
 
     def __post_init__(self):
+        check_range("shards", self.shards, low=1)
         _check_number("k1", self.k1, low=0.0)
         _check_number("b", self.b, low=0.0, high=1.0)
         if self.method not in METHODS:

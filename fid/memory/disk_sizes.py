@@ -136,6 +136,25 @@ def bm25_bytes(corpus_: Corpus, text: TextStats = WIKIPEDIA) -> tuple[int, str]:
     return planned, f"{entries:,} entries, ~{terms:,} terms"
 
 
+def bm25_shards_bytes(corpus_: Corpus, text: TextStats, shards: int) -> tuple[int, str]:
+    """(bytes, basis) of a sharded BM25 index's S shard indexes (bm25.shards = S > 1): together
+    the whole matrix and ids, each with the whole vocabulary (a shard scores with the global
+    term ids, fid.retrieval.bm25_shard)."""
+    tokens = corpus_.text_bytes * text.tokens_per_byte
+    terms = int(min(tokens, text.heaps_k * tokens**text.heaps_beta))
+    entries = int(corpus_.text_bytes * text.entries_per_byte)
+    planned = entries * 8 + corpus_.passages * 4 * corpus_.id_chars
+    planned += shards * terms * BM25_TERM_BYTES
+    return planned, f"{entries:,} entries, ~{terms:,} terms in each of {shards}"
+
+
+def bm25_stats_bytes(corpus_: Corpus, text: TextStats) -> tuple[int, str]:
+    """(bytes, basis) of bm25-stats' folder: the vocabulary and its document frequencies."""
+    tokens = corpus_.text_bytes * text.tokens_per_byte
+    terms = int(min(tokens, text.heaps_k * tokens**text.heaps_beta))
+    return terms * BM25_TERM_BYTES, f"~{terms:,} terms"
+
+
 def list_bytes(questions: int, top_k: int, corpus_: Corpus, compact: bool) -> int:
     """Bytes of one retrieved list file: questions x top_k entries."""
     entry = COMPACT_ENTRY_BYTES if compact else corpus_.line_bytes + FID_JSON_ENTRY_OVERHEAD
