@@ -140,11 +140,11 @@ else:
         resources:
             **res("build_bm25_shard"),
         params:
-            shards=BM25_SHARDS,
+            shard=lambda wc: f"{wc.k}/{BM25_SHARDS}",  # K/S, 1-based
         shell:
             fid("build_bm25_shard")
             + " build-bm25 --config {input.config:q} --passages {input.passages:q}"
-            " --shard {wildcards.k}/{params.shards} --stats {input.stats:q} --output {output:q}"
+            " --shard {params.shard:q} --stats {input.stats:q} --output {output:q}"
 
     rule retrieve_bm25_shard:
         input:
