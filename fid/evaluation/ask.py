@@ -8,7 +8,8 @@ from the top passages (fid.inference.generation), with the run's own knobs
 then costs one encoding, one search, a passage lookup and one generation: 0.03 s on the tiny
 test run's models on one CPU thread. Loading takes 0.1-0.5 s; importing torch and transformers'
 T5 takes about 4 CPU-seconds before that, once per call (the CLI checks the run folder and the
-question words before it): ask many questions in one call (stdin).
+question words before it): ask many questions in one call (stdin), or keep the system loaded
+with `fid serve` (fid.serving), which answers through `AskSystem` as ask does.
 
 A question is decoded as UTF-8 (fid.evaluation.ask_inputs: an argument, or a line of stdin; a
 byte that is not UTF-8 is one error naming it, after the answers to the lines before it), and
@@ -24,7 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -82,32 +83,7 @@ def ask(
     Raises:
         InputError: a missing or incomplete model, index or passage file, or no question.
     """
-    started = time.perf_counter()
-    cfg, search = _configs(paths, config, n_passages, device)
-    if not paths.passages.exists():
-        raise DataError(
-            f"{paths.passages}: passage file not found: expected the DPR-style TSV (or passage "
-            "store) the index was built from"
-        )
-    lookup = _passage_lookup(paths.passages)
-    retriever, encode = load_retriever(
-        paths.retriever, search.question_max_tokens, None, device,
-        override=search.override_model_settings,
-    )  # fmt: skip
-    index = PassageIndex.load(paths.index, expected_dim=retriever.dim)
-    check_index_sources(index, paths.index, paths.retriever, paths.passages)
-    set_search_knobs(index, search)
-    search = _resolved(search, device, retriever.question_encoder.config.hidden_size)
-    reader, tokenizer, collator = reader_and_collator(cfg, paths.reader, device)
-    cfg = _resolved(cfg, device, reader.t5.config.d_model)
-    logger.info(
-        "loaded in %.1f s: reader %s, retriever %s, index %s, passages %s; each question "
-        "reads its top %d passages", time.perf_counter() - started, paths.reader,
-        paths.retriever, paths.index, paths.passages, cfg.n_passages,
-    )  # fmt: skip
-    if paths.system is not None and not _replaced(paths):
-        logger.info("the run's system (the report's headline scores it): %s",
-                    paths.system.describe())  # fmt: skip
+    system = AskSystem(paths, config, n_passages, device)
     if getattr(questions, "isatty", lambda: False)():
         logger.info("type one question a line (Ctrl-D ends)")
     answered = 0
@@ -115,25 +91,134 @@ def ask(
         line = line.lstrip("\ufeff")  # a byte-order mark (Windows editors) is no question word
         if not line.strip():
             continue
-        started = time.perf_counter()
-        text = _within_budget(line.strip(), tokenizer, collator.passage_max_tokens, answered + 1)
-        question = {"id": str(answered), "question": text}
-        with _quiet(_CHATTY):
-            scores, ranked = search_dense(retriever, encode, index, [question], search, device)
-            scores, ranked = [scores[0][: cfg.n_passages]], [ranked[0][: cfg.n_passages]]
-            record = retrieval_records([question], ranked, scores, lookup(ranked[0]))[0]
-            example = Example(record["id"], record["question"], [], None, record["ctxs"], record)
-            with torch.no_grad(), autocast(device, cfg.precision):
-                answer = generate_answers(
-                    reader, tokenizer, collator, [example], 1, cfg.max_new_tokens,
-                    cfg.num_beams, device, acceleration=cfg,
-                )[0]  # fmt: skip
-        _write(out, line.strip(), answer, record["ctxs"], as_json)
+        reply = system.answer(line.strip(), answered + 1)
+        _write(out, reply, as_json)
         answered += 1
-        logger.info("question %d answered in %.3f s", answered, time.perf_counter() - started)
+        logger.info("question %d answered in %.3f s", answered, reply.seconds)
     if not answered:
         raise InputError("fid ask: no question: give one as arguments, or one a line on stdin")
     return answered
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One question answered.
+
+    Attributes:
+        question: the question as asked (a cut one too: `AskSystem.answer`).
+        answer: the reader's answer.
+        ctxs: the passages read, best first: {id, title, text, score (the retrieval score)}.
+        attention: (N,) each passage's share of the reader's cross-attention (summing to 1),
+            in `ctxs` order; None when not asked for.
+        seconds: wall seconds spent answering.
+    """
+
+    question: str
+    answer: str
+    ctxs: list[dict]
+    attention: list[float] | None
+    seconds: float
+
+    def record(self) -> dict:
+        """`fid ask --json`'s record: {question, answer, passages: [{rank, id, title, score,
+        text}]}, each passage with its `attention` share when measured."""
+        passages = []
+        for rank, c in enumerate(self.ctxs, 1):
+            passage = {"rank": rank, "id": c["id"], "title": c["title"], "score": c["score"],
+                       "text": c["text"]}  # fmt: skip
+            if self.attention is not None:
+                passage["attention"] = self.attention[rank - 1]
+            passages.append(passage)
+        return {"question": self.question, "answer": self.answer, "passages": passages}
+
+
+class AskSystem:
+    """A run's retriever, index, passages and reader, loaded once (`fid ask`, `fid serve`),
+    answering one question at a time. Not thread-safe: one question at a time (a server holds
+    a lock around `answer`).
+
+    Args: as `ask`'s (paths, config, n_passages, device).
+    """
+
+    def __init__(
+        self, paths: RunPaths, config: Path | None, n_passages: int | None, device: torch.device
+    ):
+        started = time.perf_counter()
+        cfg, search = _configs(paths, config, n_passages, device)
+        if not paths.passages.exists():
+            raise DataError(
+                f"{paths.passages}: passage file not found: expected the DPR-style TSV (or "
+                "passage store) the index was built from"
+            )
+        self.lookup = _passage_lookup(paths.passages)
+        self.retriever, self.encode = load_retriever(
+            paths.retriever, search.question_max_tokens, None, device,
+            override=search.override_model_settings,
+        )  # fmt: skip
+        self.index = PassageIndex.load(paths.index, expected_dim=self.retriever.dim)
+        check_index_sources(self.index, paths.index, paths.retriever, paths.passages)
+        set_search_knobs(self.index, search)
+        width = self.retriever.question_encoder.config.hidden_size
+        self.search = _resolved(search, device, width)
+        self.reader, self.tokenizer, self.collator = reader_and_collator(cfg, paths.reader, device)
+        self.cfg = _resolved(cfg, device, self.reader.t5.config.d_model)
+        self.device = device
+        logger.info(
+            "loaded in %.1f s: reader %s, retriever %s, index %s, passages %s; each question "
+            "reads its top %d passages", time.perf_counter() - started, paths.reader,
+            paths.retriever, paths.index, paths.passages, self.cfg.n_passages,
+        )  # fmt: skip
+        if paths.system is not None and not _replaced(paths):
+            logger.info("the run's system (the report's headline scores it): %s",
+                        paths.system.describe())  # fmt: skip
+
+    @property
+    def question_budget(self) -> int:
+        """The reader tokens a question may take (`question_budget`)."""
+        return question_budget(self.collator.passage_max_tokens)
+
+    def question_tokens(self, question: str) -> int:
+        """The reader tokens of `question`."""
+        return len(self.tokenizer(question, add_special_tokens=False)["input_ids"])
+
+    def answer(self, question: str, number: int = 1, attention: bool = False) -> Reply:
+        """Answers one question: one encoding, one search, a passage lookup, one generation;
+        with `attention`, one more encoder pass and one decoder step for the attention shares.
+
+        Args:
+            question: the question (non-blank); one over `question_budget` tokens is cut to
+                it, with a warning naming it as question `number`.
+            attention: measure each read passage's share of the reader's cross-attention.
+        """
+        started = time.perf_counter()
+        text = _within_budget(question, self.tokenizer, self.collator.passage_max_tokens, number)
+        asked = {"id": str(number - 1), "question": text}
+        cfg = self.cfg
+        with _quiet(_CHATTY):
+            scores, ranked = search_dense(
+                self.retriever, self.encode, self.index, [asked], self.search, self.device
+            )
+            scores, ranked = [scores[0][: cfg.n_passages]], [ranked[0][: cfg.n_passages]]
+            record = retrieval_records([asked], ranked, scores, self.lookup(ranked[0]))[0]
+            example = Example(record["id"], record["question"], [], None, record["ctxs"], record)
+            with torch.no_grad(), autocast(self.device, cfg.precision):
+                answer = generate_answers(
+                    self.reader, self.tokenizer, self.collator, [example], 1,
+                    cfg.max_new_tokens, cfg.num_beams, self.device, acceleration=cfg,
+                )[0]  # fmt: skip
+                shares = self._attention(example) if attention else None
+        return Reply(question, answer, record["ctxs"], shares, time.perf_counter() - started)
+
+    def _attention(self, example: Example) -> list[float]:
+        """(N,) each read passage's share of the reader's cross-attention at the first decoding
+        step, averaged over layers and heads (FiDReader.passage_scores "attention_mass", the
+        signal of Izacard & Grave 2021, https://arxiv.org/abs/2012.04584), in ctxs order."""
+        batch = self.collator([example]).to(self.device)
+        mass = self.reader.passage_scores(batch.input_ids, batch.attention_mask, "attention_mass")
+        shares = [0.0] * len(example.ctxs)
+        for slot, ctx in enumerate(batch.ctx_indices[0]):  # slot -> its passage in ctxs
+            shares[ctx] = float(mass[0, slot])
+        return shares
 
 
 def question_budget(passage_max_tokens: int) -> int:
@@ -222,17 +307,15 @@ def _quiet(names: Iterable[str]) -> Iterator[None]:
             log.setLevel(level)
 
 
-def _write(out: TextIO, question: str, answer: str, ctxs: list[dict], as_json: bool) -> None:
+def _write(out: TextIO, reply: Reply, as_json: bool) -> None:
     """One question's answer and passages, as a text block or one JSON line."""
-    passages = [
-        {"rank": rank, "id": c["id"], "title": c["title"], "score": c["score"], "text": c["text"]}
-        for rank, c in enumerate(ctxs, 1)
-    ]
+    record = reply.record()
     if as_json:
-        record = {"question": question, "answer": answer, "passages": passages}
         out.write(json.dumps(record, ensure_ascii=False) + "\n")
     else:
-        lines = [f"question: {question}", f"answer: {answer}", f"passages read ({len(ctxs)}):"]
+        passages = record["passages"]
+        lines = [f"question: {reply.question}", f"answer: {reply.answer}",
+                 f"passages read ({len(passages)}):"]  # fmt: skip
         for p in passages:
             text = " ".join(p["text"].split())
             text = text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 3] + "..."
