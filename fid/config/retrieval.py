@@ -112,6 +112,13 @@ class RetrieverTrainConfig(TrainingConfig):
 
     Attributes:
         n_passages: scored passages per question in the loss (those with a `score_key` value).
+        train_n_passages: how many of them a TRAINING question puts in the loss: its first
+            ones by `score_key` (ties in file order: the list's top passages). None (the
+            default): n_passages. 1 with in_batch_negatives is DPR's loss (one positive per
+            question, the batch's other questions' positives its negatives): under score
+            mode uniform, the in-batch control with no candidates, whose positive is the
+            retrieval list's top passage (no reader, no answer labels). Dev questions still
+            rank their n_passages candidates (select_on stays meaningful).
         score_key: the ctx field holding the teacher score (written by `fid score-passages`).
         question_max_tokens, passage_max_tokens: truncation of the encoder inputs (recorded in
             the model folder: embedding and retrieval use them).
@@ -147,6 +154,7 @@ class RetrieverTrainConfig(TrainingConfig):
     """
 
     n_passages: int = 100
+    train_n_passages: int | None = None
     score_key: str = "reader_score"
     question_max_tokens: int = 40
     passage_max_tokens: int = 200
@@ -179,6 +187,14 @@ class RetrieverTrainConfig(TrainingConfig):
                 "for what fits"
             )
         check_range("n_passages", self.n_passages, low=1)
+        check_range("train_n_passages", self.train_n_passages, low=1, high=self.n_passages,
+                    allow_none=True)  # fmt: skip
+        if self.train_n_passages == 1 and not self.in_batch_negatives:
+            raise ConfigError(
+                "train_n_passages = 1 without in_batch_negatives: a question's one passage "
+                "is its whole distribution, so the loss is 0 and nothing trains. Hint: set "
+                "in_batch_negatives: true (DPR's loss), or train_n_passages >= 2"
+            )
         check_range("question_max_tokens", self.question_max_tokens, low=4)
         check_range("passage_max_tokens", self.passage_max_tokens, low=8)
         check_range("projection_dim", self.projection_dim, low=1, allow_none=True)

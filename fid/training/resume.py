@@ -39,6 +39,7 @@ REFUSED = frozenset({
     "input_format", "query_prefix", "passage_prefix", "normalize", "project_tokens",
     "objective", "kl_reduction", "decay_biases_and_norms",
     "reader_temperature", "retriever_temperature", "in_batch_negatives", "select_on",
+    "train_n_passages",
 })  # fmt: skip
 
 WARNED = frozenset({

@@ -434,7 +434,11 @@ def train_retriever(
     cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
     train_examples = load_examples(train_path, passages=passages_path)
     dev_examples = load_examples(dev_path, passages=passages_path)
-    train = distillation_examples(train_examples, cfg.n_passages, cfg.score_key, str(train_path))
+    # training questions keep their first train_n_passages (the in-batch control's one
+    # positive); dev questions rank all n_passages candidates
+    train = distillation_examples(
+        train_examples, cfg.train_n_passages or cfg.n_passages, cfg.score_key, str(train_path)
+    )
     dev = distillation_examples(dev_examples, cfg.n_passages, cfg.score_key, str(dev_path))
     if cfg.select_on.startswith("candidate_answer_recall") and not any(
         e.answers for e in without_passages(dev_examples)
