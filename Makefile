@@ -50,7 +50,7 @@ test-lowest-torch: setup
 	$(BIN)/python .ci/lowest_torch.py
 
 bench: setup
-	$(BIN)/python benchmarks/reader_speed.py
+	$(BIN)/python benchmarks/reader/reader_speed.py
 
 # Everything the demo and the workflow wrote here: results, training state, logs, Snakemake's
 # records, the report, resources/pretrained (copied from packages). Downloads are kept

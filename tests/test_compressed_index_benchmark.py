@@ -1,4 +1,4 @@
-"""benchmarks/compressed_index.py's honest distractors (--distractors near / below): on a small
+"""benchmarks/retrieval/compressed_index.py's honest distractors (--distractors near / below): on a small
 world, Flat ranks an answer first for every question asked, so a compressed search can only
 lose to it, and the near copies make it lose some."""
 
@@ -13,13 +13,13 @@ import faiss
 import numpy as np
 import pytest
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "compressed_index.py"
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval" / "compressed_index.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
     # importing the benchmark pins one thread and offline mode in os.environ and puts
-    # benchmarks/ first on sys.path (for its own runs): keep both from the other tests
+    # the repository root first on sys.path (for its own runs): keep both from the other tests
     saved_environ, saved_path = dict(os.environ), list(sys.path)
     try:
         spec = importlib.util.spec_from_file_location("compressed_index", BENCHMARK)

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py, the GPU path's acceptance run, on a CPU with tiny sizes: every check
+"""benchmarks/gpu/gpu_check.py, the GPU path's acceptance run, on a CPU with tiny sizes: every check
 a CPU can run passes (bf16 training against the fp32 run, the signal-and-resume bitwise check,
 device-against-CPU inference, a one-rank process group with FSDP, the retriever, the
 acceleration table, the MFU figure, the memory plan's smoke case, out-of-memory recovery under
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_the_acceptance_run_passes_on_a_cpu(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--small",
+        [sys.executable, str(ROOT / "benchmarks" / "gpu" / "gpu_check.py"), "--device", "cpu", "--small",
          "--out", str(tmp_path)], capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -53,7 +53,7 @@ def test_the_acceptance_run_passes_on_a_cpu(tmp_path):
 # ------------------------------------------------------------------ fast: the checks' own logic
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks/gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks/gpu/gpu_check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -174,7 +174,7 @@ def _child_scripts(tree: ast.Module, gpu_check) -> dict[str, str]:
 
 
 def test_no_check_is_an_assert_that_python_O_would_drop(gpu_check):
-    source = (ROOT / "benchmarks/gpu_check.py").read_text()
+    source = (ROOT / "benchmarks/gpu/gpu_check.py").read_text()
     tree = ast.parse(source)
     scripts = _child_scripts(tree, gpu_check)
     assert {"_PROCESS_GROUP", "_MFU", "_MEASURED_FID"} <= set(scripts)

@@ -50,7 +50,7 @@ def test_units_hold_only_their_shards_between_their_forwards(one_rank_group, tin
 
 @pytest.mark.slow
 def test_memory_per_rank_falls_with_the_world_size(tmp_path):
-    """benchmarks/fsdp_memory.py at 1, 2 and 4 gloo ranks: each rank holds its share of the
+    """benchmarks/distributed/fsdp_memory.py at 1, 2 and 4 gloo ranks: each rank holds its share of the
     sharded blocks plus the replicated tensors, for parameters, gradients and AdamW's two
     states alike, and at most one block gathered at a time (training forward, generation)."""
     import json
@@ -58,7 +58,7 @@ def test_memory_per_rank_falls_with_the_world_size(tmp_path):
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "fsdp_memory.py"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "distributed" / "fsdp_memory.py"
     out = tmp_path / "memory.json"
     run = subprocess.run([sys.executable, str(script), "--small", "--json", str(out)],
                          capture_output=True, text=True, timeout=600)  # fmt: skip

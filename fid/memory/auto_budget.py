@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 BUDGET_FILE = "token_budget.json"
 # The plan's share of the free memory: its error is within 15% on a CPU (benchmarks/
-# memory_plan.py), and the allocator's fragmentation and the data pipeline come on top.
+# memory/memory_plan.py), and the allocator's fragmentation and the data pipeline come on top.
 USABLE_SHARE = 0.85
 MEMORY_ENV = "FID_AVAILABLE_MEMORY"
 

@@ -5,12 +5,12 @@ The step's tensors come from a fake-tensor run of it (fid.memory.traced_step). W
 cannot see is added as stated allowances: on a GPU the CUDA context and library workspaces
 (CUDA_RUNTIME_BYTES) and the caching allocator's rounding and fragmentation
 (ALLOCATOR_FRACTION of the tensors' peak; both to be measured on a GPU: benchmarks/
-gpu_check.py); on a CPU what a training step adds beyond its tensors (CPU_RUNTIME_BYTES: 12-18
+gpu/gpu_check.py); on a CPU what a training step adds beyond its tensors (CPU_RUNTIME_BYTES: 12-18
 MiB measured at the tiny shapes). On a CPU the plan is what the step adds to the process
 (the interpreter and torch's libraries are there before any model, ~0.4 GB); fid
 fixes glibc's mmap threshold (fid.runtime.heap) so that freed activations go back to the
 system instead of lingering in a fragmented heap, which made the resident size up to 1.6x the
-tensors' (benchmarks/memory_plan.py).
+tensors' (benchmarks/memory/memory_plan.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from fid.models.retriever_spec import DualEncoderSpec
 
 # What a CPU step's process holds beyond its tensors: the resident peak above the process
 # before the model, less the real step's tensor peak (the plan's tracker on real tensors), was
-# 12-18 MiB in the five tiny reader cases of benchmarks/memory_plan.py (torch 2.13, glibc 2.36,
+# 12-18 MiB in the five tiny reader cases of benchmarks/memory/memory_plan.py (torch 2.13, glibc 2.36,
 # one thread). ~7 MiB of it is torch's kernel code paged in by the first real step (RssFile:
 # the trace runs no kernel); the rest, 5-11 MiB, is anonymous: glibc's heap, which serves the
 # blocks under the 256 KiB mmap threshold (fid.runtime.heap) and keeps freed ones resident
@@ -48,7 +48,7 @@ CUDA_RUNTIME_BYTES = 1 << 30  # CUDA context, NCCL's buffers: ~0.5-1 GiB measure
 # has one for the forward's thread and one for autograd's device thread, inference one; 32 MiB
 # each on Hopper (4-8 MiB on older GPUs: planned at the larger). Measured on an H200: a
 # checkpointed step's tensors plus these came within 6% of max_memory_allocated
-# (benchmarks/memory_plan.py --device cuda)
+# (benchmarks/memory/memory_plan.py --device cuda)
 CUBLAS_WORKSPACE_BYTES = 32 * 2**20
 ALLOCATOR_FRACTION = 0.05  # the caching allocator's block rounding and fragmentation
 FSDP_GATHERED_BLOCKS = 2  # FSDP2 holds the running block and prefetches the next one

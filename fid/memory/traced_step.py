@@ -177,7 +177,7 @@ def trace_reader_step(config: PretrainedConfig, shape: StepShape, run: StepRun) 
 
         # A checkpointed stack keeps each bucket's (rows, heads, L, L) fp32 position bias (the
         # mask added) until its backward: it is an input of every later block's checkpoint.
-        # The real step keeps it too: at benchmarks/memory_plan.py's tiny 1 x 10 x 250 (8
+        # The real step keeps it too: at benchmarks/memory/memory_plan.py's tiny 1 x 10 x 250 (8
         # buckets, 1 MB each) its tensors peak at 24.2 MiB, the trace at 24.9, 17.2 without them.
         return _trace(t5, forward, run)
 
@@ -262,7 +262,7 @@ def _cuda_attention():
     width. What the dispatcher does first is done here too: a boolean mask becomes an additive
     one, a bias whose rows are not 16-aligned is copied into a padded one (T5's L = 250 is
     not), and under autocast every input is cast to the autocast dtype (SDPA is on CUDA
-    autocast's lower-precision list). Measured on an H200: benchmarks/memory_plan.py.
+    autocast's lower-precision list). Measured on an H200: benchmarks/memory/memory_plan.py.
 
     The function is replaced where transformers' SDPA attention looks it up (at each call), not
     intercepted by a TorchFunctionMode: a mode is off while it handles a call, and

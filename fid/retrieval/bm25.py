@@ -11,7 +11,7 @@ and FiD): Lucene's StandardTokenizer keeps 1-character tokens (token pattern `(?
 Lucene's 33 English stopwords are removed and tokens are Porter-stemmed (PyStemmer, a
 dependency). The index's `meta.json` records the analysis, and questions are analysed the same
 way at retrieval. Measured on samples/squad-open-tiny (200 questions, 167 passages) by
-benchmarks/bm25_analysis.py: see its docstring.
+benchmarks/retrieval/bm25_analysis.py: see its docstring.
 
 Memory: passages are never held as objects. Token ids are collected in one flat int32 array
 (4 bytes a token) while the file streams; bm25s then builds its sparse score matrix, which for

@@ -6,7 +6,7 @@ block's size, after which blocks of that size come from the heap, where a freed 
 resident until the heap's top is free. A training step frees activations of many sizes in
 another order than it made them: measured here, the peak resident size of a tiny reader's
 step was 1.2x (no checkpointing) to 1.6x (checkpointing) the tensors it held
-(benchmarks/memory_plan.py). A fixed threshold (which also turns the raising off) keeps every
+(benchmarks/memory/memory_plan.py). A fixed threshold (which also turns the raising off) keeps every
 block of 256 KiB or more in its own mapping, and the resident size equals the tensors'.
 """
 

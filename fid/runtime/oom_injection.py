@@ -1,5 +1,5 @@
 """Simulated out-of-memory errors, a testing aid that training and inference share: the tests
-(and benchmarks/gpu_check.py) make a forward fail as if the device were smaller, to exercise
+(and benchmarks/gpu/gpu_check.py) make a forward fail as if the device were smaller, to exercise
 training's step recovery (fid.training.step_oom_recovery) and inference's batch halving
 (fid.runtime.oom_batch_halving) on any machine.
 

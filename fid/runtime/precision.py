@@ -2,11 +2,11 @@
 
 "auto" is bf16 on a GPU. On a CPU it is fp32, except for inference (generation, passage and
 question embedding) on a CPU that computes bf16 natively (AVX-512 BF16 or AMX) with a model at
-least CPU_BF16_MIN_WIDTH wide: there bf16 autocast pays (benchmarks/cpu_bf16.py). Training and
+least CPU_BF16_MIN_WIDTH wide: there bf16 autocast pays (benchmarks/reader/cpu_bf16.py). Training and
 the teacher's passage scores stay fp32 on a CPU (their config says so, or "auto" gives it).
 Without native bf16, torch falls back to a scalar bf16 matrix product, measured here (AMD EPYC,
 AVX2, torch 2.13) 27x slower than fp32 for a 256x512x512 product and 5.6x slower per training
-step of the demo's tiny T5 (benchmarks/reader_speed.py: 0.54 s fp32 vs 3.0 s bf16 at N = 10):
+step of the demo's tiny T5 (benchmarks/reader/reader_speed.py: 0.54 s fp32 vs 3.0 s bf16 at N = 10):
 an explicit bf16 there is logged with that warning.
 """
 
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # The narrowest model (hidden size) whose CPU inference "auto" runs in bf16 where the CPU
-# computes it natively (benchmarks/cpu_bf16.py, one thread, greedy answers, same ids as fp32):
+# computes it natively (benchmarks/reader/cpu_bf16.py, one thread, greedy answers, same ids as fp32):
 # from d_model 384 on bf16 was faster at 5 and at 100 passages (1.13x / 2.09x; 512: 1.27x /
 # 2.34x); at 128 and 256 it was faster at 100 passages but slower at 5 (0.80x, 0.89x).
 CPU_BF16_MIN_WIDTH = 384

@@ -25,7 +25,7 @@ MANIFEST_FORMAT = 1
 # Reading the files costs more than the checksum: a t5-base checkpoint with its AdamW state
 # (2.7 GB) verified in 2.2 s from the page cache and 4.4 s cold with sha256 (OpenSSL, SHA-NI),
 # 2.0 / 4.2 s with crc32, 6.4 / 9.2 s with blake2b, against 14 s to write it
-# (benchmarks/checkpoint_verify.py, 2 CPU cores). sha256 then, which no corruption slips past.
+# (benchmarks/memory/checkpoint_verify.py, 2 CPU cores). sha256 then, which no corruption slips past.
 CHECKSUM = "sha256"
 
 

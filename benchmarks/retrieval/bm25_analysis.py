@@ -1,7 +1,7 @@
 """BM25 top-k accuracy by text analysis, on a real open-domain set (samples/squad-open-tiny:
 200 SQuAD questions over their 167 Wikipedia passages).
 
-    python benchmarks/bm25_analysis.py [--passages P.tsv --questions Q.jsonl]
+    python benchmarks/retrieval/bm25_analysis.py [--passages P.tsv --questions Q.jsonl]
 
 Rows: fid 0.1's default analysis (bm25s's token pattern `\\w\\w+`, which drops 1-character
 tokens, its "en" stopwords, no stemmer), Snowball stemming, and today's default, as Anserini's
@@ -15,7 +15,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SQUAD = ROOT / "samples" / "squad-open-tiny"
 ANALYSES = {
     "fid 0.1 (\\w\\w+, bm25s en stopwords, no stemmer)": dict(

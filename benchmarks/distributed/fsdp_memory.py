@@ -1,7 +1,7 @@
 """Memory per rank of FSDP training (fid.training.sharding) at 1, 2 and 4 gloo ranks.
 
-    python benchmarks/fsdp_memory.py                      # d_model 1024, 4+4 layers
-    python benchmarks/fsdp_memory.py --small --json m.json  # what tests/test_sharding.py runs
+    python benchmarks/distributed/fsdp_memory.py                      # d_model 1024, 4+4 layers
+    python benchmarks/distributed/fsdp_memory.py --small --json m.json  # what tests/test_sharding.py runs
 
 A reader wide enough that parameters dominate, saved once as a model folder. Each rank lives
 through what `fid train-reader` does with it: the start reader built (world > 1: sharded from
@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fid.config import InitReaderConfig, ReaderTrainConfig  # noqa: E402
 from fid.demo.tiny_models import build_tiny_t5, train_tokenizer  # noqa: E402

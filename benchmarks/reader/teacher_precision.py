@@ -1,6 +1,6 @@
 """The retriever's teacher in bf16 against fp32: rank agreement and cost on CPU.
 
-    python benchmarks/teacher_precision.py --model READER --questions FID.json [--n 20]
+    python benchmarks/reader/teacher_precision.py --model READER --questions FID.json [--n 20]
 
 Scores each question's first `--n` passages with the reader's cross-attention
 (`fid score-passages`' computation, mode mean_logit and attention_mass) under fp32 and under bf16

@@ -7,8 +7,8 @@ questions (wall and CPU seconds, median of --repeats); with a step breakdown, th
 faiss's BLAS kernel forced, and a cProfile of one `retrieve` call. Prints markdown tables. The
 synthetic vectors, their passage texts and what --workdir caches: synthetic_vectors.py.
 
-    python benchmarks/retrieval_pipeline_speed.py
-    python benchmarks/retrieval_pipeline_speed.py --pipeline-size 20000
+    python benchmarks/retrieval/retrieval_pipeline_speed.py
+    python benchmarks/retrieval/retrieval_pipeline_speed.py --pipeline-size 20000
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-# benchmarks/ is no package: make the shared module importable however this file is run.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_vectors import (
+# the repository root first: `benchmarks.*` imports however this file is run
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.retrieval.synthetic_vectors import (
     DPR_PASSAGES,
     NQ_QUESTIONS,
     SQUAD_PASSAGES,

@@ -1,10 +1,10 @@
 """How close `fid plan-memory`'s predicted peak is to a training step's measured one.
 
-    python benchmarks/memory_plan.py                   # CPU: tiny and t5-small readers, retrievers
-    python benchmarks/memory_plan.py --quick           # tiny shapes only (a few minutes)
-    python benchmarks/memory_plan.py --smallest        # one tiny case (gpu_check's smoke test)
-    python benchmarks/memory_plan.py --device cuda     # torch.cuda.max_memory_allocated
-    python benchmarks/memory_plan.py --no-heap-fix     # glibc's default malloc (fid.runtime.heap)
+    python benchmarks/memory/memory_plan.py                   # CPU: tiny and t5-small readers, retrievers
+    python benchmarks/memory/memory_plan.py --quick           # tiny shapes only (a few minutes)
+    python benchmarks/memory/memory_plan.py --smallest        # one tiny case (gpu_check's smoke test)
+    python benchmarks/memory/memory_plan.py --device cuda     # torch.cuda.max_memory_allocated
+    python benchmarks/memory/memory_plan.py --no-heap-fix     # glibc's default malloc (fid.runtime.heap)
 
 Each case runs in a fresh process: the model (random weights, the shape of a known model or a
 tiny one), fid's AdamW, and two training steps on full-length inputs through fid's own code
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MIB = 2**20
 TINY_T5 = dict(d_model=64, d_ff=256, d_kv=16, num_heads=4, num_layers=2, vocab_size=1000,

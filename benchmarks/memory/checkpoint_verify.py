@@ -7,8 +7,8 @@ into a temporary folder. Then, for each checksum, the manifest's files are check
 resume verifies them: from the page cache (the file was just written, or read by another rank)
 and cold (the pages dropped with posix_fadvise, as after a restart on another node).
 
-    python benchmarks/checkpoint_verify.py
-    python benchmarks/checkpoint_verify.py --dir /scratch/tmp --repeats 3
+    python benchmarks/memory/checkpoint_verify.py
+    python benchmarks/memory/checkpoint_verify.py --dir /scratch/tmp --repeats 3
 """
 
 from __future__ import annotations

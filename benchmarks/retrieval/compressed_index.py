@@ -17,7 +17,7 @@ DPR biencoder sample's ~750 contexts) and two kinds of questions with known answ
 The corpus is those real passages (rows 0..R-1, the only ones holding answers) plus distractors
 up to --size, from one of three sets (--distractors):
   * "synthetic" (the default; every table before issue 30's item 5 was measured on it): drawn to
-    resemble the real embeddings as benchmarks/synthetic_vectors.py does (a mix of two real
+    resemble the real embeddings as benchmarks/retrieval/synthetic_vectors.py does (a mix of two real
     passages plus covariance-shaped noise, at an anchor's norm, a median 0.62 of it from the
     anchor; its resemblance table is printed): each real passage has ~size/R distractors
     around it that do not hold its answer. Flat's own accuracy is printed to show the task is
@@ -62,11 +62,11 @@ top-100| / 100. The last tables extrapolate the bytes per passage to 21M x 768 (
 256 (nq.yaml's retriever). `--project 256` measures in a d = 256 world (the corpus's top 256
 principal directions), where `nq_default` is nq.yaml's own factory and knobs.
 
-    python benchmarks/compressed_index.py                       # 1M passages: ~20 min, one thread
-    python benchmarks/compressed_index.py --size 200000 --choices flat opq48_rerank
-    python benchmarks/compressed_index.py --distractors near --choices flat pq48_rerank
-    python benchmarks/compressed_index.py --project 256 --choices flat nq_default nq_default_refine_pq64
-    python benchmarks/compressed_index.py --size 200000 --project 256 --choices flat ivf_pq_d2 ivf_sq4
+    python benchmarks/retrieval/compressed_index.py                       # 1M passages: ~20 min, one thread
+    python benchmarks/retrieval/compressed_index.py --size 200000 --choices flat opq48_rerank
+    python benchmarks/retrieval/compressed_index.py --distractors near --choices flat pq48_rerank
+    python benchmarks/retrieval/compressed_index.py --project 256 --choices flat nq_default nq_default_refine_pq64
+    python benchmarks/retrieval/compressed_index.py --size 200000 --project 256 --choices flat ivf_pq_d2 ivf_sq4
 
 The ivf_* choices (issue 30 item 3) hold compact residual codes in RAM with no refinement; the
 res_* choices add `build_index.refine_residual` (codes of what the base index's codes miss,
@@ -74,7 +74,7 @@ in RAM, re-scoring the shortlist): `res_nq` is nq.yaml's base with a 144-byte bu
 --project 256), `res_nq_8gb` its 8 GB-at-768 analogue (run at d = 384); `res_no_opq` (d = 256)
 and `res_8gb_no_opq` (d = 384) the same without OPQ, the bases that meet issue 30's goal;
 --repeat-to 21000000 also times each in-RAM IVF choice on its index repeated to 21M passages;
-    python benchmarks/compressed_index.py --project 256 --choices flat res_no_opq --repeat-to 21000000
+    python benchmarks/retrieval/compressed_index.py --project 256 --choices flat res_no_opq --repeat-to 21000000
 while a run goes, each setting's kept @20 / @100 is printed as it is measured.
 """
 
@@ -91,9 +91,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# benchmarks/ is no package: make the shared module importable however this file is run.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_vectors import (
+# the repository root first: `benchmarks.*` imports however this file is run
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.retrieval.synthetic_vectors import (
     DPR_PASSAGES,
     SAMPLES,
     SQUAD_PASSAGES,

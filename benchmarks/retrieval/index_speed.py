@@ -12,8 +12,8 @@ extrapolated as n ** 1.4 from a smaller size's, would exceed it. Wall and CPU ti
 the machine is shared, and on one thread CPU time is close to what the wall time would be on an
 idle machine. Prints markdown tables.
 
-    python benchmarks/index_speed.py
-    python benchmarks/index_speed.py --sizes 100000 --max-seconds 120
+    python benchmarks/retrieval/index_speed.py
+    python benchmarks/retrieval/index_speed.py --sizes 100000 --max-seconds 120
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-# benchmarks/ is no package: make the shared module importable however this file is run.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_vectors import (
+# the repository root first: `benchmarks.*` imports however this file is run
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.retrieval.synthetic_vectors import (
     ROOT,
     WORKDIR,
     fmt_s,

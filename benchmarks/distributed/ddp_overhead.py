@@ -14,8 +14,8 @@ d_ff 512, a ~3k-piece tokenizer) reads 10 passages per question of the synthetic
   checkpoint folder appearing (complete: folders are renamed into place) and to its exit
   with status 75.
 
-    python benchmarks/ddp_overhead.py                  # ~2-3 minutes on 2 cores
-    python benchmarks/ddp_overhead.py --steps 60 --repeats 3 --signals 5
+    python benchmarks/distributed/ddp_overhead.py                  # ~2-3 minutes on 2 cores
+    python benchmarks/distributed/ddp_overhead.py --steps 60 --repeats 3 --signals 5
 
 On a machine with fewer free cores than ranks the 2-rank figure measures CPU contention as
 much as communication: look at the load while it runs.

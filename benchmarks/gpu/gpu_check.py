@@ -1,8 +1,8 @@
 """The GPU path's acceptance run: every path that only a GPU takes, executed once and compared
 with the CPU, in one call (issue 21; <= 8 minutes on one GPU).
 
-    python benchmarks/gpu_check.py                       # on a CUDA machine: the full run
-    python benchmarks/gpu_check.py --device cpu --small  # the same steps, small, on a CPU
+    python benchmarks/gpu/gpu_check.py                       # on a CUDA machine: the full run
+    python benchmarks/gpu/gpu_check.py --device cpu --small  # the same steps, small, on a CPU
 
 Each check prints one row (ok, seconds, what it found) and everything goes to OUT/gpu_check.json;
 the exit status is 1 if any check failed (a check fails by raising CheckFailed through `require`,
@@ -22,11 +22,11 @@ tiny models:
   rank on a one-GPU machine, as the workflow runs it there) through fid's collectives, and the
   FSDP reader built sharded, through a training step and its export;
 - train retriever: distillation on the device, its loss finite and close to the CPU's;
-- acceleration speed: benchmarks/reader_acceleration.py speed on the device (issue 14's table);
+- acceleration speed: benchmarks/reader/reader_acceleration.py speed on the device (issue 14's table);
 - MFU: a reader training step at t5-base shape (small: tiny), N = 100 passages of 250 tokens,
   bf16, its model FLOPs per second against the chip's bf16 dense peak (goal >= 40%), and the
   step's kernels by time (mfu_profile.txt);
-- memory plan: benchmarks/memory_plan.py --quick on the device, `fid plan-memory`'s predicted
+- memory plan: benchmarks/memory/memory_plan.py --quick on the device, `fid plan-memory`'s predicted
   peak against max_memory_allocated (goal 10%; small: one case, no goal).
 - out of memory: a real one (issue 28 item 4). CUDA's caching allocator is capped
   (torch.cuda.set_per_process_memory_fraction) halfway between the measured peaks of a
@@ -55,7 +55,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # bf16 dense peak FLOP/s by GPU name (NVIDIA's data sheets, without sparsity)
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 TOLERANCE = {"fp16": 0.02, "bf16": 0.05, "fp32": 1e-4}  # relative, first logged losses
@@ -364,7 +364,7 @@ class Run:
         sizes = ["--questions", "1", "--n", "2", "--steps", "2"] if self.small else \
             ["--questions", "32", "--n", "100", "--steps", "20", "--batch-size", "8"]  # fmt: skip
         options = ["plain", "prune k=1"] if self.small else []
-        command = [sys.executable, "benchmarks/reader_acceleration.py", "speed", *sizes,
+        command = [sys.executable, "benchmarks/reader/reader_acceleration.py", "speed", *sizes,
                    "--device", self.device, *(["--options", *options] if options else [])]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900,
                                 env={**os.environ, **self.device_env})  # fmt: skip
@@ -484,11 +484,11 @@ class Run:
                 f"within {worst:.1e} of the unsplit run's")  # fmt: skip
 
     def memory_plan(self) -> str:
-        """benchmarks/memory_plan.py on the device: `fid plan-memory`'s peak against the
+        """benchmarks/memory/memory_plan.py on the device: `fid plan-memory`'s peak against the
         measured one (CUDA: max_memory_allocated), goal 10% (issue 28). Small: one tiny case,
         to keep the plumbing working (the CPU's goal and table are the benchmark's own)."""
         rows = self.out / "memory_plan.json"
-        command = [sys.executable, "benchmarks/memory_plan.py", "--device", self.device,
+        command = [sys.executable, "benchmarks/memory/memory_plan.py", "--device", self.device,
                    "--json", str(rows), *(["--quick"] if self.cuda else ["--smallest"])]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900,
                                 env={**os.environ, **self.device_env})  # fmt: skip

@@ -34,7 +34,7 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAY
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 DPR_PASSAGES = SAMPLES / "dpr" / "psgs_w100.subset.tsv"
 SQUAD_PASSAGES = SAMPLES / "squad-open-tiny" / "psgs_w100.tsv"

@@ -19,13 +19,13 @@ the paired bootstrap 95% interval of the EM difference (10,000 resamples of the 
 and CPU seconds per question. --variant NAME=MODEL adds fine-tuned readers (FiD-Light, FiDO)
 evaluated the plain way against the same base.
 
-    python benchmarks/reader_acceleration.py speed --questions 2 --n 100 --steps 20
-    python benchmarks/reader_acceleration.py speed --questions 32 --n 100 --steps 20 \
+    python benchmarks/reader/reader_acceleration.py speed --questions 2 --n 100 --steps 20
+    python benchmarks/reader/reader_acceleration.py speed --questions 32 --n 100 --steps 20 \
         --batch-size 8 --device cuda --options ...                      # on a GPU: wall time
-    python benchmarks/reader_acceleration.py train --workdir /tmp/accel   # ~80 min on 2 cores
-    python benchmarks/reader_acceleration.py train --workdir /tmp/accel --continue-from 2400 \
+    python benchmarks/reader/reader_acceleration.py train --workdir /tmp/accel   # ~80 min on 2 cores
+    python benchmarks/reader/reader_acceleration.py train --workdir /tmp/accel --continue-from 2400 \
         --variants plain fidlight16                                      # 2,400 steps more
-    python benchmarks/reader_acceleration.py quality --model M --questions dev.json --n 20 \
+    python benchmarks/reader/reader_acceleration.py quality --model M --questions dev.json --n 20 \
         [--passages STORE] [--variant fidlight=M2] [--plot pareto.png]
 """
 
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 
 # name: EvalReaderConfig acceleration knobs

@@ -25,9 +25,9 @@ The data is made once and kept in --workdir (reruns only measure): `make_scale_d
 to FiD json (as `fid convert-lists` does). Making it takes ~10 min on a loaded 2-core machine
 and ~2 GB of disk (2M corpus: 1.2 GB, FiD json: 0.54 GB). Prints a markdown table.
 
-    .venv/bin/python benchmarks/list_memory.py
-    .venv/bin/python benchmarks/list_memory.py --workdir /tmp/fid_list_memory --skip-store
-    .venv/bin/python benchmarks/list_memory.py --questions 2000 --store-passages 500000
+    .venv/bin/python benchmarks/memory/list_memory.py
+    .venv/bin/python benchmarks/memory/list_memory.py --workdir /tmp/fid_list_memory --skip-store
+    .venv/bin/python benchmarks/memory/list_memory.py --questions 2000 --store-passages 500000
 
 A job's address space is capped at --memory-limit-gb (default 12): a load that would exceed it
 fails with MemoryError (reported) instead of exhausting the machine; rerun with fewer

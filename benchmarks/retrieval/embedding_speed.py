@@ -7,8 +7,8 @@ take turns on --embed-rounds slices of the passages, so that a load change on th
 hits all three. Prints a markdown table of wall and CPU seconds, the speedups over (a) and how far
 (b)'s embeddings are from (a)'s. The model and the one-thread setup: synthetic_vectors.py.
 
-    python benchmarks/embedding_speed.py
-    python benchmarks/embedding_speed.py --embed-passages 1000
+    python benchmarks/retrieval/embedding_speed.py
+    python benchmarks/retrieval/embedding_speed.py --embed-passages 1000
 """
 
 from __future__ import annotations
@@ -19,9 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-# benchmarks/ is no package: make the shared module importable however this file is run.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_vectors import DPR_PASSAGES, PASSAGE_MAX_TOKENS, embed, fmt_s, load_model
+# the repository root first: `benchmarks.*` imports however this file is run
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.retrieval.synthetic_vectors import (
+    DPR_PASSAGES,
+    PASSAGE_MAX_TOKENS,
+    embed,
+    fmt_s,
+    load_model,
+)
 
 EMBED_SETTINGS = {
     # name: (pad_to_max_length, sort_by_length, precision)

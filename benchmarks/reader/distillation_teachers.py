@@ -1,7 +1,7 @@
 """What each retriever teacher of `fid score-passages` costs: questions per CPU-second.
 
-    python benchmarks/distillation_teachers.py                    # d_model 256, 4+4 layers
-    python benchmarks/distillation_teachers.py --d-model 512 --layers 6 --length 250
+    python benchmarks/reader/distillation_teachers.py                    # d_model 256, 4+4 layers
+    python benchmarks/reader/distillation_teachers.py --d-model 512 --layers 6 --length 250
 
 The attention scores (FiD-KD's `mean_logit`, `attention_mass`) need one encoding and one
 decoding step a question; Atlas's PDist decodes the answer from each of the N passages alone
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fid.models.reader import FiDReader  # noqa: E402
 

@@ -6,8 +6,8 @@ passage_max_tokens 250, a random tiny T5 (d_model 128, 2+2 layers, 4 heads, d_ff
 measured steps (VmHWM, reset through /proc/self/clear_refs) minus the RSS just before them; on
 a GPU (`--device cuda`), CUDA max allocated minus allocated before them.
 
-    python benchmarks/reader_speed.py                # full table (N = 10, 25, 50, 100)
-    python benchmarks/reader_speed.py --n 100 --steps 2
+    python benchmarks/reader/reader_speed.py                # full table (N = 10, 25, 50, 100)
+    python benchmarks/reader/reader_speed.py --n 100 --steps 2
 
 Settings: "original" pads every passage to 250 and runs fp32 (the original's collator, with and
 without activation checkpointing); then each technique alone; then ours combined (pad to the
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 
 SETTINGS = {

@@ -7,8 +7,8 @@ close to what the wall time would be on an idle machine), the MB written, the pe
 and what it had grown since before the call. The fixed vocabulary is built first and timed on
 its own (once per process: ~1 s).
 
-    python benchmarks/scale_data_speed.py
-    python benchmarks/scale_data_speed.py --passages 100000 --integer-ids false
+    python benchmarks/data/scale_data_speed.py
+    python benchmarks/data/scale_data_speed.py --passages 100000 --integer-ids false
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ questions) is under one batch of 4 (eval, scoring): batches, not data, then grow
 default scales start at 0.001 (each run 15-40 min on a busy 2-core machine). Steps are fixed
 (max_steps 4): training CPU says nothing about NQ's 15,000 steps; shards are 16 (NQ: 64).
 
-    python benchmarks/scale_growth.py                                  # 3 scales x 2 formats
-    python benchmarks/scale_growth.py --scales 0.001 0.002 0.004 0.008 --list-format compact
-    python benchmarks/scale_growth.py --no-run --json growth.json      # re-read the workdirs
+    python benchmarks/data/scale_growth.py                                  # 3 scales x 2 formats
+    python benchmarks/data/scale_growth.py --scales 0.001 0.002 0.004 0.008 --list-format compact
+    python benchmarks/data/scale_growth.py --no-run --json growth.json      # re-read the workdirs
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ORDER = ["make_scale_data", "build_passage_store", "build_bm25", "retrieve_bm25", "eval_baseline",
          "init_reader", "init_retriever", "train_reader", "score_passages", "eval_reader",
          "train_retriever", "embed_passages", "build_index", "retrieve", "eval_retrieval"]  # fmt: skip
