@@ -16,18 +16,11 @@ from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
-import torch
+from tiny_run import N_PASSAGES, other_weights, write_tiny_run
 
 from fid.cli import main
-from fid.config import InitRetrieverConfig
 from fid.data.passages import load_passages
-from fid.demo.files import write_world
-from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
 from fid.evaluation.run_system import lists_source, run_system
-from fid.models.retriever import DualEncoder, DualEncoderSpec
-from fid.models.settings import ReaderSettings
-
-N_PASSAGES = 3  # the run's eval_reader.yaml
 
 
 def _ask(*args) -> int:
@@ -36,33 +29,8 @@ def _ask(*args) -> int:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_model_dir, toy_world) -> Path:
-    """results/demo of a 2-round run: round 0's reader, retriever and index, round 1's reader
-    (its system: it read round 0's lists) and round 1's retriever, whose index is round 0's
-    (a decoy: asked with it, the index refuses the encoder), passages, stage configs."""
-    run = tmp_path_factory.mktemp("workflow") / "results" / "demo"
-    write_world(toy_world, run / "data/demo/world")
-    for i in (0, 1):
-        shutil.copytree(tiny_model_dir, run / f"iter{i}/reader/model")
-        ReaderSettings(passage_max_tokens=48, n_passages=5).save(run / f"iter{i}/reader/model")
-    tokenizer = train_bert_tokenizer([p.text for p in toy_world.passages], vocab_size=300)
-    config = InitRetrieverConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    torch.manual_seed(0)
-    spec = DualEncoderSpec(input_format="fid", question_max_tokens=16, passage_max_tokens=48)
-    DualEncoder(build_tiny_bert(config, len(tokenizer)), None, spec).save_pretrained(
-        run / "iter0/retriever/model", tokenizer=tokenizer
-    )
-    shard = run / "iter0/embeddings/shard0"
-    assert main(["embed-passages", "--model", str(run / "iter0/retriever/model"),
-                 "--passages", str(run / "data/demo/world/passages.tsv"),
-                 "--output", str(shard)]) == 0  # fmt: skip
-    assert main(["build-index", "--shards", str(shard), "--output", str(run / "iter0/index")]) == 0
-    shutil.copytree(run / "iter0/retriever/model", run / "iter1/retriever/model")
-    _other_weights(run / "iter1/retriever/model")
-    shutil.copytree(run / "iter0/index", run / "iter1/index")
-    (run / "config").mkdir()
-    (run / "config/eval_reader.yaml").write_text(f"n_passages: {N_PASSAGES}\nmax_new_tokens: 6\n")
-    (run / "config/retrieve.yaml").write_text("top_k: 20\n")
-    return run
+    """results/demo of a finished 2-round run (tests/tiny_run.py says what it holds)."""
+    return write_tiny_run(tmp_path_factory.mktemp("workflow"), tiny_model_dir, toy_world)
 
 
 @pytest.fixture(autouse=True)
@@ -165,7 +133,7 @@ def _broken(run: Path, tmp: Path, case: str) -> tuple[list, str]:
         )
     if case == "another_encoder":  # the same shape, other weights: same width, other scores
         retriever = copy / "iter0/retriever/model"
-        _other_weights(retriever)
+        other_weights(retriever)
         return ["--run", copy], "the questions would be encoded by"
     if case == "another_corpus":  # the same ids, other texts
         tsv = copy / "data/demo/world/passages.tsv"
@@ -174,16 +142,6 @@ def _broken(run: Path, tmp: Path, case: str) -> tuple[list, str]:
     assert case == "passages_missing"
     (copy / "data/demo/world/passages.tsv").unlink()
     return ["--run", copy], f"{copy}: no passages found"
-
-
-def _other_weights(retriever: Path) -> None:
-    """The retriever's folder with its encoder's weights drawn again (same shapes)."""
-    from safetensors.torch import load_file, save_file
-
-    weights = retriever / "question_encoder" / "model.safetensors"
-    tensors = load_file(weights)
-    save_file({name: torch.randn_like(t) if t.is_floating_point() else t
-               for name, t in tensors.items()}, str(weights))  # fmt: skip
 
 
 @pytest.mark.parametrize(

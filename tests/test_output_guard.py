@@ -24,7 +24,7 @@ from fid.cli import commands, main
 from fid.cli.parser import build_parser
 from fid.runtime.output_guard import MARKER_SUFFIX
 
-NO_OUTPUTS = {"ask", "plan-memory", "plan-disk"}  # they print, write nothing
+NO_OUTPUTS = {"ask", "serve", "plan-memory", "plan-disk"}  # they print, write nothing
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

@@ -372,6 +372,24 @@ def ask(args) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def prepare_serve(args) -> None:
+    """`fid serve`'s run, checked before torch is imported (as `fid ask`'s)."""
+    from fid.evaluation.run_folder import run_paths
+
+    given = {name: getattr(args, name) for name in ("reader", "retriever", "index", "passages")}
+    args.paths = run_paths(args.run, args.round, **given)
+
+
+def serve(args) -> None:
+    import sys
+
+    from fid.evaluation.ask import AskSystem
+    from fid.serving.server import serve
+
+    system = AskSystem(args.paths, args.config, args.n_passages, args.device)
+    serve(system, args.host, args.port, sys.stdout)
+
+
 # ---------------------------------------------------------------- planning
 # What each command of `fid plan-disk` needs beside --config: flag -> what it is.
 _DISK_NEEDS = {

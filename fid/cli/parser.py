@@ -18,6 +18,7 @@ _OUTPUTS = {
     "embed-passages": {"output": SHARD_SUFFIXES},
     "download": {"output": (), "record": ()},
     "ask": {},
+    "serve": {},
     "plan-memory": {},
     "plan-disk": {},
 }
@@ -58,6 +59,13 @@ def _shard_of(text: str) -> tuple[int, int]:
         if 1 <= shard <= count:
             return shard, count
     raise argparse.ArgumentTypeError(f"{text!r}: expected K/S, shard K of S with 1 <= K <= S")
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 (a free one) to 65535 (argparse turns the error into a usage line)."""
+    if not (text.isascii() and text.isdigit() and int(text) <= 65535):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a port, 0 (a free one) to 65535")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -330,6 +338,31 @@ at most half of the reader's passage input (a warning says how many tokens were 
         "else what the reader was trained on)",
     )
     c.add_argument("--json", action="store_true", help="one JSON object per question (a line)")
+
+    c = add("serve", commands.serve, "Answer questions in a browser: a run's system over HTTP.")
+    c.set_defaults(prepare=commands.prepare_serve)  # the run checked before torch is imported
+    c.formatter_class = argparse.RawDescriptionHelpFormatter
+    c.description = """\
+Keep a run's system loaded (the reader, retriever, index and passages `fid ask` answers with;
+the same flags choose them) and answer over HTTP until Ctrl-C: GET / is a page with a question
+box that shows the answer and the passages read (rank, id, title, retrieval score, the reader's
+attention share, the text with the answer marked); POST /api/ask takes {"question": "..."} and
+answers with fid ask --json's record, each passage with its "attention", and "seconds"; GET
+/api/health says what is loaded. It listens on 127.0.0.1 only unless --host says otherwise
+(there is no authentication), and prints "fid serve: listening on <url>" once it does.
+
+  fid serve --run results/demo
+  fid serve --run results/demo --port 0     # a free port: the printed URL says which"""
+    c.add_argument("--run", type=Path, help="run folder (results/<run>) or name under results/")
+    c.add_argument("--round", type=int, help="the reader's round i (default: the newest trained)")
+    for name in ("reader", "retriever"):
+        c.add_argument(f"--{name}", type=Path, help=f"{name} folder (default: the round's)")
+    c.add_argument("--index", type=Path, help="folder from build-index (default: the round's)")
+    c.add_argument("--passages", type=Path, help="the indexed TSV or store (default: the run's)")
+    c.add_argument("--n-passages", type=int, help="passages read per question (as fid ask's)")
+    c.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")  # fmt: skip
+    c.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: a free one)")
 
     c = add(
         "plan-memory",

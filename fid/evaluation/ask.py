@@ -163,6 +163,7 @@ class AskSystem:
         self.reader, self.tokenizer, self.collator = reader_and_collator(cfg, paths.reader, device)
         self.cfg = _resolved(cfg, device, self.reader.t5.config.d_model)
         self.device = device
+        self.paths = paths
         logger.info(
             "loaded in %.1f s: reader %s, retriever %s, index %s, passages %s; each question "
             "reads its top %d passages", time.perf_counter() - started, paths.reader,
@@ -171,6 +172,15 @@ class AskSystem:
         if paths.system is not None and not _replaced(paths):
             logger.info("the run's system (the report's headline scores it): %s",
                         paths.system.describe())  # fmt: skip
+
+    @property
+    def description(self) -> str:
+        """One line: the run's system (`RunSystem.describe`), or the folders it reads."""
+        paths = self.paths
+        if paths.system is not None and not _replaced(paths):
+            return paths.system.describe()
+        return (f"the reader {paths.reader} reading the top {self.cfg.n_passages} passages "
+                f"of the index {paths.index} (retriever {paths.retriever})")  # fmt: skip
 
     @property
     def question_budget(self) -> int:

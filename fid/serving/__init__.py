@@ -1,0 +1,1 @@
+"""`fid serve`: a run's system kept loaded, answering questions over HTTP (fid.serving.server)."""
