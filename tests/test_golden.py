@@ -138,7 +138,8 @@ def test_reader_greedy_answers_equal_the_original(reader, golden):
 def test_generation_logits_equal_the_originals_forward(reader, reader_without_bias, golden):
     """Generation decodes with a cache; each step's logits must be the uncached forward's on
     the same tokens (the original's, test above), the kept bias's positions too (transformers
-    5 put its queries one step late under a cache: up to 0.024 off here, fid.models.reader)."""
+    5 put its queries one step late under a cache: up to 0.024 off here,
+    fid.models.cross_attention_bias)."""
     for model in (reader, reader_without_bias):
         for name in golden.cases:
             ids, mask, _ = _case(golden, name)

@@ -22,8 +22,9 @@ from fid.data.examples import load_examples
 from fid.data.reader_batches import ReaderCollator
 from fid.demo.tiny_models import build_tiny_t5
 from fid.inference.batching import reader_and_collator
+from fid.models.cross_attention_bias import add_cross_attention_bias
 from fid.models.loading import load_reader, load_t5
-from fid.models.reader import FiDReader, add_cross_attention_bias
+from fid.models.reader import FiDReader
 from fid.models.reader_variants import NoCrossAttention, cross_attention_layers
 from fid.models.settings import READER_SETTINGS_FILE, ModelSettingsError
 from fid.training import reader as reader_training

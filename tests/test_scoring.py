@@ -253,7 +253,7 @@ def test_loop_projects_cross_attention_keys_and_values_once_a_question(
     answers = [e.answers[0] for e in examples]
     batch = ReaderCollator(tokenizer, n_passages=6, passage_max_tokens=48)(examples, answers)
     if variant == "bias":  # a released FiD checkpoint's, kept: positions matter (unpacked)
-        from fid.models.reader import add_cross_attention_bias
+        from fid.models.cross_attention_bias import add_cross_attention_bias
 
         add_cross_attention_bias(tiny_t5, torch.randn(32, tiny_t5.config.num_heads))
     knobs = {"unpacked": {"pack_passages": False}, "light": {"light_tokens": 5},

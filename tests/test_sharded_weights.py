@@ -20,9 +20,9 @@ from torch.distributed.tensor import DTensor
 
 from fid.config import InitReaderConfig, ReaderTrainConfig
 from fid.demo.tiny_models import build_tiny_t5
+from fid.models.cross_attention_bias import CROSS_ATTENTION_BIAS, add_cross_attention_bias
 from fid.models.folder_checks import ModelFolderError
 from fid.models.loading import load_reader
-from fid.models.reader import CROSS_ATTENTION_BIAS, add_cross_attention_bias
 from fid.models.settings import ReaderSettings
 from fid.training.reader import ReaderTask, build_start_reader
 

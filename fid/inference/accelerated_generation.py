@@ -35,12 +35,10 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from fid.config import ConfigError
-from fid.models.reader import (
-    FiDReader,
-    FusedEncoding,
-    has_cross_attention_bias,
-    scores_from_projections,
-)
+from fid.models.cross_attention_bias import has_cross_attention_bias
+from fid.models.cross_attention_scores import scores_from_projections
+from fid.models.fused_encoding import FusedEncoding
+from fid.models.reader import FiDReader
 
 
 @torch.no_grad()

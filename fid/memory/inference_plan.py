@@ -52,12 +52,9 @@ from fid.memory.traced_step import (
     _snapshot,
     fused_encoder_states,
 )
-from fid.models.reader import (
-    FiDReader,
-    FusedEncoding,
-    _capture_cross_attention,
-    scores_from_projections,
-)
+from fid.models.cross_attention_scores import capture_cross_attention, scores_from_projections
+from fid.models.fused_encoding import FusedEncoding
+from fid.models.reader import FiDReader
 from fid.models.retriever import DualEncoder
 from fid.models.retriever_spec import DualEncoderSpec
 
@@ -225,7 +222,7 @@ def _attention_scores(reader: FiDReader, inputs: InferenceInputs) -> None:
     token_passage = torch.arange(N).repeat_interleave(k).expand(B, N * k)
     encoding = FusedEncoding(hidden, mask, token_passage)
     start = torch.zeros(B, 1, dtype=torch.long)
-    with _capture_cross_attention(reader.t5) as captured:
+    with capture_cross_attention(reader.t5) as captured:
         reader.t5.decoder(input_ids=start, encoder_hidden_states=hidden,
                           encoder_attention_mask=mask, use_cache=False)  # fmt: skip
     with torch.autocast("cpu", enabled=False):

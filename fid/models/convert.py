@@ -18,8 +18,8 @@ per head to all logits: it changed no attention probability there and shifts the
 passage scores by one model-wide constant (its mean over heads); at step t it touched only
 keys 0..t-1, the first tokens of passage 0, so later logits move a little (up to 0.05 on the
 golden fixtures, tests/golden), greedy answers there not at all. `keep_cross_attention_bias`
-keeps it instead (fid.models.reader.add_cross_attention_bias): the original's logits and scores
-to 1e-5, with the encoder tokens at the original's positions (no packing).
+keeps it instead (fid.models.cross_attention_bias.add_cross_attention_bias): the original's
+logits and scores to 1e-5, with the encoder tokens at the original's positions (no packing).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertModel, T5Config, T5ForConditionalGeneration
 
 from fid.errors import CheckpointError, InputError
+from fid.models.cross_attention_bias import CROSS_ATTENTION_BIAS, add_cross_attention_bias
 from fid.models.folder_checks import (
     ModelFolderError,
     check_model_folder,
     check_tokenizer_source,
 )
-from fid.models.reader import CROSS_ATTENTION_BIAS, add_cross_attention_bias
 from fid.models.retriever import DualEncoder, DualEncoderSpec, load_released_retriever
 from fid.models.settings import ReaderSettings
 from fid.runtime.fileio import atomic_directory
@@ -118,7 +118,7 @@ def convert_reader_checkpoint(
             t5-base's or t5-large's); without one, give `fid` a model folder that has it.
         keep_cross_attention_bias: keep the first decoder block's cross-attention bias (see the
             module docstring): the model then gives the original's logits exactly, at the cost
-            of the packed decoder layout (fid.models.reader).
+            of the packed decoder layout (fid.models.fused_encoding).
 
     Raises:
         CheckpointError: for an unreadable file, or keys that are missing or left over after

@@ -10,9 +10,10 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, T5ForConditionalGeneration
 from transformers.utils import logging as transformers_logging
 
+from fid.models.cross_attention_bias import CROSS_ATTENTION_BIAS, add_cross_attention_bias
 from fid.models.folder_checks import ModelFolderError, check_retriever
 from fid.models.pretrained import load_pretrained
-from fid.models.reader import CROSS_ATTENTION_BIAS, FiDReader, add_cross_attention_bias
+from fid.models.reader import FiDReader
 from fid.models.reader_variants import remove_cross_attention, removed_weight_prefixes
 from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.models.settings import READER_SETTINGS_FILE, ReaderSettings, resolve_setting

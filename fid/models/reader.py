@@ -7,7 +7,8 @@ encoded separately, and the decoder attends over the concatenation of all their 
 Shapes: B questions, N passage slots, L tokens per slot, T fused encoder tokens per question,
 D model width, H heads.
 
-Two exact savings over the original, which padded every passage to the maximum length:
+The encoder side (fid.models.fused_encoding) has two exact savings over the original, which
+padded every passage to the maximum length:
 - length buckets: the batch's real passages are sorted by length and encoded in groups, each
   padded only to its own longest passage;
 - packing: the decoder gets only each question's real tokens, back to back (T = the sum of its
@@ -16,92 +17,33 @@ Two exact savings over the original, which padded every passage to the maximum l
 
 A model imported from a released FiD checkpoint with `--keep-cross-attention-bias` keeps the
 position bias that transformers 3 gave the first decoder block's cross-attention
-(`add_cross_attention_bias`, fid/models/convert.py explains it): its encoder tokens then keep
+(fid.models.cross_attention_bias; fid/models/convert.py explains it): its encoder tokens then keep
 the original's (B, N*L) positions (no packing), and it reproduces the original's logits.
 
 Two variants that must be fine-tuned (fid.models.reader_variants): FiD-Light hands the decoder
 only the first `light_tokens` vectors of each passage; FiDO's layer-sparse decoder keeps
 cross-attention in every `cross_attention_every`-th layer only.
+
+The reader's passage scores (the distillation teachers) read its cross-attention through
+fid.models.cross_attention_scores (hooks on the q and k projections) and
+fid.models.shared_cross_attention (one question's keys and values shared by its copies).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
 from transformers import T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
-from transformers.models.t5.modeling_t5 import T5Attention
 
-from fid.models.bucketed_encoder import attach_bucket_forward, encode_buckets
-from fid.models.reader_variants import (
-    check_variant,
-    cross_attention_period,
-    has_cross_attention,
-    remove_cross_attention,
-)
-
-# The first decoder block's cross-attention bias in state dicts (a released reader's, and a
-# converted one's that keeps it).
-CROSS_ATTENTION_BIAS = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
-
-
-def _cross_attention(t5: T5ForConditionalGeneration) -> nn.Module:
-    return t5.decoder.block[0].layer[1].EncDecAttention
-
-
-def has_cross_attention_bias(t5: T5ForConditionalGeneration) -> bool:
-    """Whether the first decoder block's cross-attention has a relative position bias."""
-    return bool(_cross_attention(t5).has_relative_attention_bias)
-
-
-class _KeptBiasCrossAttention(T5Attention):
-    """The first decoder block's cross-attention with transformers 3's position bias, each
-    query at its own decoder position t, cache or not.
-
-    transformers 5's T5Attention places a biased attention's queries after the cache's length;
-    in cross-attention that length is the self-attention cache's, which this block's
-    self-attention has already extended by the call's own tokens: under a cache (generation)
-    every query sat query_length positions late (step t at t + 1), without one (training,
-    scoring) right. The original's cached and uncached passes both put step t at t.
-    """
-
-    def compute_bias(self, query_length, key_length, device=None, past_seen_tokens=0):
-        # past_seen_tokens: 0 without a cache, else the tokens before this call + query_length
-        before = past_seen_tokens - query_length
-        before = before.clamp(min=0) if isinstance(before, torch.Tensor) else max(before, 0)
-        return super().compute_bias(query_length, key_length, device, before)
-
-
-def add_cross_attention_bias(t5: T5ForConditionalGeneration, weight: torch.Tensor) -> None:
-    """Gives the first decoder block's cross-attention the relative position bias of
-    transformers 3 ((buckets, heads) `weight`; unidirectional buckets, key - query position),
-    which T5Stack shares with every decoder layer, as the original's did."""
-    attention = _cross_attention(t5)
-    attention.__class__ = _KeptBiasCrossAttention  # its queries' positions (the class says why)
-    attention.has_relative_attention_bias = True
-    attention.relative_attention_bias = nn.Embedding(*weight.shape).to(weight.device)
-    with torch.no_grad():
-        attention.relative_attention_bias.weight.copy_(weight)
-
-
-@dataclass
-class FusedEncoding:
-    """The encoder side that the decoder reads.
-
-    Attributes:
-        hidden: (B, T, D) encoder states of each question's passages, fused.
-        mask: (B, T) 1 for real tokens.
-        token_passage: (B, T) the passage slot n of each token, -1 for padding.
-    """
-
-    hidden: torch.Tensor
-    mask: torch.Tensor
-    token_passage: torch.Tensor
+from fid.models.bucketed_encoder import attach_bucket_forward
+from fid.models.cross_attention_bias import first_cross_attention, has_cross_attention_bias
+from fid.models.cross_attention_scores import capture_cross_attention, scores_from_projections
+from fid.models.fused_encoding import FusedEncoding, fuse_passages
+from fid.models.reader_variants import check_variant, cross_attention_period, remove_cross_attention
+from fid.models.shared_cross_attention import shared_cross_attention
 
 
 class FiDReader(nn.Module):
@@ -194,53 +136,13 @@ class FiDReader(nn.Module):
             With light_tokens = k, each passage gives only its first min(length, k) tokens
             (and L becomes min(L, k) in the unpacked layout).
         """
-        B, N, L = input_ids.shape
-        ids = input_ids.view(B * N, L)
-        mask = attention_mask.view(B * N, L).bool()
-        lengths = mask.sum(dim=1)  # (B*N,)
-        if not torch.equal(mask, torch.arange(L, device=mask.device) < lengths[:, None]):
-            raise ValueError("passages must be right-padded: attention_mask = 1..1 0..0")
-        # FiD-Light: the decoder reads positions < k of each passage (the encoder reads all).
-        k = L if self.light_tokens is None else min(self.light_tokens, L)
-        kept = lengths.clamp(max=k)  # (B*N,) tokens each passage hands the decoder
-
-        # Where each passage's tokens start in its question's fused sequence.
-        if self.pack_passages:
-            per_question = kept.view(B, N)
-            starts = (per_question.cumsum(dim=1) - per_question).view(B * N)  # exclusive cumsum
-            T = max(int(per_question.sum(dim=1).max()), 1)
-        else:
-            starts = (torch.arange(N, device=ids.device) * k).repeat(B)
-            T = N * k
-        row_question = torch.arange(B, device=ids.device).repeat_interleave(N)  # (B*N,)
-        row_slot = torch.arange(N, device=ids.device).repeat(B)  # (B*N,)
-
-        # Encode real passages in buckets of similar length, each padded to its own longest.
-        real_rows = torch.nonzero(lengths > 0).squeeze(1)
-        real_rows = real_rows[torch.argsort(lengths[real_rows], stable=True)]
-        buckets = torch.tensor_split(real_rows, min(self.encoder_buckets, len(real_rows)))
-        bucket_masks = [mask[rows, : int(lengths[rows].max())] for rows in buckets]  # (n_k, w_k)
-        # Block by block over all buckets: under FSDP each block is gathered once, not once
-        # per bucket (fid.models.bucketed_encoder).
-        pairs = zip(buckets, bucket_masks, strict=True)
-        inputs = [(ids[rows, : m.shape[1]], m.long()) for rows, m in pairs]  # (n_k, w_k) each
-        states = encode_buckets(self.t5.encoder, inputs)
-        hidden_parts, destinations, slots = [], [], []
-        for rows, bucket_mask, state in zip(buckets, bucket_masks, states, strict=True):
-            handed = bucket_mask[:, :k]  # (n_k, min(w_k, k)) the tokens the decoder reads
-            row, pos = torch.nonzero(handed, as_tuple=True)
-            token_rows = rows[row]
-            hidden_parts.append(state[:, :k][handed])  # (tokens_k, D)
-            destinations.append(row_question[token_rows] * T + starts[token_rows] + pos)
-            slots.append(row_slot[token_rows])
-        destination = torch.cat(destinations)
-        hidden = torch.cat(hidden_parts)
-        fused = hidden.new_zeros(B * T, hidden.shape[-1]).index_copy(0, destination, hidden)
-        token_passage = torch.full((B * T,), -1, dtype=torch.long, device=ids.device)
-        token_passage[destination] = torch.cat(slots)
-        fused_mask = (token_passage >= 0).view(B, T).long()
-        return FusedEncoding(
-            hidden=fused.view(B, T, -1), mask=fused_mask, token_passage=token_passage.view(B, T)
+        return fuse_passages(
+            self.t5.encoder,
+            input_ids,
+            attention_mask,
+            self.encoder_buckets,
+            self.pack_passages,
+            self.light_tokens,
         )
 
     def forward(
@@ -391,14 +293,14 @@ class FiDReader(nn.Module):
 
         The K + 1 copies read the same encoder states (T, D) under their own cross-attention
         masks: the states and the answer are expanded views, and each decoder layer's keys and
-        values are projected once (`_shared_cross_attention`), not once a copy.
+        values are projected once (fid.models.shared_cross_attention), not once a copy.
         """
         hidden = encoding.hidden[b : b + 1]  # (1, T, D)
         real = encoding.mask[b].bool()  # (T,)
         # Slot -1 tags padding, which the mask leaves out already: its copy reads everything.
         left_out = torch.cat([slots.new_full((1,), -1), slots])  # (K + 1,)
         parts = []
-        with _shared_cross_attention(self.t5, hidden):
+        with shared_cross_attention(self.t5, hidden):
             for dropped in left_out.split(rows_per_pass):
                 R = len(dropped)
                 kept = real & (encoding.token_passage[b] != dropped[:, None])  # (R, T)
@@ -457,7 +359,7 @@ class FiDReader(nn.Module):
         start = torch.full(
             (B, 1), self.config.decoder_start_token_id, dtype=torch.long, device=input_ids.device
         )
-        with _capture_cross_attention(self.t5) as captured:
+        with capture_cross_attention(self.t5) as captured:
             self.t5.decoder(
                 input_ids=start,
                 encoder_hidden_states=encoding.hidden,
@@ -471,102 +373,8 @@ class FiDReader(nn.Module):
             if mode == "mean_logit" and has_cross_attention_bias(self.t5):
                 # At the first step every key is in bucket 0: the bias adds its mean over heads
                 # to every pre-softmax logit, as the original's scores hold it.
-                scores = scores + _cross_attention(self.t5).relative_attention_bias.weight[0].mean()
+                scores = (
+                    scores + first_cross_attention(self.t5).relative_attention_bias.weight[0].mean()
+                )
         empty = attention_mask.sum(dim=-1) == 0  # (B, N)
         return scores.masked_fill(empty, float("nan"))
-
-
-def scores_from_projections(
-    captured: list[dict], encoding: FusedEncoding, N: int, H: int, mode: str
-) -> torch.Tensor:
-    """(B, N) passage scores from each layer's cross-attention q (B, 1, H*dk), k (B, T, H*dk)."""
-    B, T = encoding.mask.shape
-    real = encoding.mask.bool()  # (B, T)
-    layer_scores = []
-    for layer in captured:
-        q = layer["q"].float().view(B, 1, H, -1).transpose(1, 2)  # (B, H, 1, dk)
-        k = layer["k"].float().view(B, T, H, -1).transpose(1, 2)  # (B, H, T, dk)
-        logits = (q @ k.transpose(-1, -2)).squeeze(2)  # (B, H, T)
-        if mode == "attention_mass":
-            logits = logits.masked_fill(~real[:, None, :], float("-inf")).softmax(dim=-1)
-        layer_scores.append(logits.mean(dim=1))  # (B, T), mean over heads
-    per_token = torch.stack(layer_scores).mean(dim=0)  # (B, T), mean over layers
-    per_token = per_token.masked_fill(~real, 0.0)
-
-    slot = encoding.token_passage.clamp(min=0)  # padding adds 0 to slot 0
-    sums = per_token.new_zeros(B, N).scatter_add_(1, slot, per_token)
-    if mode == "attention_mass":
-        return sums
-    counts = per_token.new_zeros(B, N).scatter_add_(1, slot, real.float())
-    return sums / counts
-
-
-@contextlib.contextmanager
-def _capture_cross_attention(t5: T5ForConditionalGeneration) -> Iterator[list[dict]]:
-    """Records, per decoder layer, the cross-attention query and key projections.
-
-    Forward hooks on the `q` and `k` linear layers of each EncDecAttention (no patching of
-    transformers code, any attention implementation). Yields one dict per layer with
-    cross-attention (a FiDO decoder's other layers have none) that a decoder call fills with
-    "q" (B, 1, H*dk) and "k" (B, T, H*dk).
-    """
-    blocks = [block for block in t5.decoder.block if has_cross_attention(block)]
-    captured: list[dict] = [{} for _ in blocks]
-    handles = []
-    for block, store in zip(blocks, captured, strict=True):
-        attention = block.layer[1].EncDecAttention
-        handles.append(attention.q.register_forward_hook(_store_output(store, "q")))
-        handles.append(attention.k.register_forward_hook(_store_output(store, "k")))
-    try:
-        yield captured
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def _store_output(store: dict, name: str):
-    def hook(module, inputs, output):
-        store[name] = output.detach()
-
-    return hook
-
-
-class _SharedProjection(nn.Module):
-    """Stands in for a cross-attention's `k` or `v` projection while copies of one question
-    are decoded: returns the question's projection, computed once, expanded over the copies."""
-
-    def __init__(self, projected: torch.Tensor):
-        super().__init__()
-        self.projected = projected  # (1, T, H*dk)
-
-    def forward(self, states: torch.Tensor) -> torch.Tensor:
-        # states: (R, T, D) the copies' encoder states; -> (R, T, H*dk), a view
-        return self.projected.expand(*states.shape[:-1], -1)
-
-
-@contextlib.contextmanager
-def _shared_cross_attention(t5: T5ForConditionalGeneration, hidden: torch.Tensor) -> Iterator[None]:
-    """Projects one question's encoder states `hidden` (1, T, D) to every decoder layer's
-    cross-attention keys and values once, and lets every decoder call inside the block read
-    them, for any number of copies of that question (encoder states (R, T, D), an expansion
-    of `hidden`).
-
-    Each cross-attention's `k` and `v` are swapped for `_SharedProjection`s and put back on
-    exit: T5Attention then reshapes views of the shared projections, and the rest of T5 runs
-    unchanged. (transformers' EncoderDecoderCache can hold pre-filled keys too, but a decoder
-    call with a cache computes a kept cross-attention position bias from the query positions
-    shifted by the self-attention cache's length: not the uncached pass.) Layers without
-    cross-attention (FiDO) have nothing to share.
-    """
-    attentions = [
-        block.layer[1].EncDecAttention for block in t5.decoder.block if has_cross_attention(block)
-    ]
-    originals = [(attention.k, attention.v) for attention in attentions]
-    try:
-        for attention in attentions:
-            keys, values = attention.k(hidden), attention.v(hidden)  # (1, T, H*dk) each
-            attention.k, attention.v = _SharedProjection(keys), _SharedProjection(values)
-        yield
-    finally:
-        for attention, (k, v) in zip(attentions, originals, strict=True):
-            attention.k, attention.v = k, v

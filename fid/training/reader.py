@@ -14,9 +14,10 @@ from fid.data.examples import Example, choose_target, load_examples, take, witho
 from fid.data.reader_batches import ReaderCollator, epoch_batches
 from fid.inference.generation import generate_answers
 from fid.metrics.answers import answer_metrics
+from fid.models.cross_attention_bias import has_cross_attention_bias
 from fid.models.folder_checks import check_reader
 from fid.models.loading import load_reader, reader_skeleton
-from fid.models.reader import FiDReader, has_cross_attention_bias
+from fid.models.reader import FiDReader
 from fid.models.settings import ReaderSettings
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
