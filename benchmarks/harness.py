@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -203,7 +204,7 @@ def record(script: str | Path, results: object) -> dict:
     name = path.relative_to(ROOT / "benchmarks") if path.is_relative_to(ROOT) else path
     return {
         "benchmark": str(name),
-        "command": " ".join(["python", *sys.argv]),
+        "command": shlex.join(["python", *sys.argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "versions": versions(),

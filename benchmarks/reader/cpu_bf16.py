@@ -37,10 +37,10 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks.*` from anywhere
+from benchmarks.harness import record, timed, write_record  # noqa: E402
 from benchmarks.reader.reader_speed import _examples, _tokenizer  # noqa: E402 (the same passages and tokenizer)
 
 SETTINGS = {"original": (True, 1, False, "fp32"), "ours fp32": (False, 8, True, "fp32"),
@@ -72,11 +72,10 @@ def worker(setting: str, width: int, n_passages: int, repeats: int) -> dict:
     batch = collator(examples, None)
     with torch.no_grad(), autocast(device, precision):
         ids = reader.generate(batch.input_ids, batch.attention_mask, 20)  # warm-up
-        started = time.process_time()
-        for _ in range(repeats):
-            reader.generate(batch.input_ids, batch.attention_mask, 20)
-        cpu_s = (time.process_time() - started) / repeats
-    return {"setting": setting, "width": width, "questions_per_cpu_s": 1 / cpu_s,
+        with timed() as clock:
+            for _ in range(repeats):
+                reader.generate(batch.input_ids, batch.attention_mask, 20)
+    return {"setting": setting, "width": width, "questions_per_cpu_s": repeats / clock.cpu_s,
             "greedy_ids": ids[0].tolist()}  # fmt: skip
 
 
@@ -85,6 +84,7 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 384, 512])
     parser.add_argument("--n", type=int, default=100, help="passages per question")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     parser.add_argument("--worker", nargs=2, metavar=("SETTING", "WIDTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -97,6 +97,7 @@ def main() -> None:
     print(f"CPU: {torch.backends.cpu.get_cpu_capability()}, native bf16: {cpu_computes_bf16()}, "
           f"torch {torch.__version__}, N = {args.n}, one thread")  # fmt: skip
     print(f"{'d_model':>7} {'setting':>10} {'q/CPU-s':>8} {'vs fp32':>8} {'vs orig':>8} ids=fp32")
+    found = []
     for width in args.widths:
         rows = {}
         for setting in SETTINGS if width == max(args.widths) else ("ours fp32", "ours bf16"):
@@ -105,6 +106,7 @@ def main() -> None:
                  "--repeats", str(args.repeats)], capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
             rows[setting] = json.loads(out.strip().splitlines()[-1])
+            found.append(rows[setting])
         fp32 = rows["ours fp32"]
         for setting, row in rows.items():
             qps = row["questions_per_cpu_s"]
@@ -113,6 +115,8 @@ def main() -> None:
             same = row["greedy_ids"] == fp32["greedy_ids"]
             print(f"{width:>7} {setting:>10} {qps:8.3f} {qps / fp32['questions_per_cpu_s']:7.2f}x "
                   f"{versus_original:>8} {same}")  # fmt: skip
+    if args.json:
+        write_record(args.json, record(__file__, found))
 
 
 if __name__ == "__main__":

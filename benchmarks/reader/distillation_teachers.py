@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks.*` from anywhere
 
+from benchmarks.harness import record, table_header, table_row, timed, write_record  # noqa: E402
 from fid.models.reader import FiDReader  # noqa: E402
 
 
@@ -47,10 +47,10 @@ def _cost(reader: FiDReader, mode: str, n: int, length: int, answer: int, questi
     }[mode]
     with torch.no_grad():
         score()  # warm-up
-        started = time.process_time()
-        for _ in range(questions):
-            score()
-    return questions / (time.process_time() - started)
+        with timed() as clock:
+            for _ in range(questions):
+                score()
+    return questions / clock.cpu_s
 
 
 def main() -> None:
@@ -61,20 +61,25 @@ def main() -> None:
     parser.add_argument("--answer", type=int, default=6, help="answer tokens (EOS included)")
     parser.add_argument("--passages", type=int, nargs="+", default=[20, 100])
     parser.add_argument("--questions", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     reader = _reader(args.d_model, args.layers)
     modes = ["mean_logit", "attention_mass", "pdist", "loop"]
     print(f"d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.length} tokens a "
           f"passage, {args.answer}-token answers, one thread, fp32")  # fmt: skip
-    print("| N | " + " | ".join(modes) + " | pdist / mean_logit | loop / mean_logit |")
-    print("|---:|" + "---:|" * (len(modes) + 2))
+    columns = ["N", *modes, "pdist / mean_logit", "loop / mean_logit"]
+    print(table_header(columns, align="r" * len(columns)))
+    rows = []
     for n in args.passages:
         rates = {m: _cost(reader, m, n, args.length, args.answer, args.questions) for m in modes}
-        cells = " | ".join(f"{rates[m]:.3f}" for m in modes)
-        print(f"| {n} | {cells} | {rates['mean_logit'] / rates['pdist']:.1f}x slower | "
-              f"{rates['mean_logit'] / rates['loop']:.1f}x slower |", flush=True)  # fmt: skip
+        rows.append({"n_passages": n, "questions_per_cpu_s": rates})
+        cells = [n, *(f"{rates[m]:.3f}" for m in modes)]
+        cells += [f"{rates['mean_logit'] / rates[m]:.1f}x slower" for m in ("pdist", "loop")]
+        print(table_row(cells), flush=True)
     print("(questions per CPU-second)")
+    if args.json:
+        write_record(args.json, record(__file__, rows))
 
 
 if __name__ == "__main__":

@@ -38,13 +38,15 @@ import json
 import os
 import random
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `benchmarks.harness` however this file is run
 SAMPLES = ROOT / "samples"
+
+from benchmarks.harness import Timing, table_header, table_row, timed  # noqa: E402
 
 # name: EvalReaderConfig acceleration knobs
 OPTIONS = {
@@ -75,23 +77,10 @@ VARIANTS = {
 }
 
 
-def _cpu() -> float:
-    return time.process_time()
-
-
-def _clock(device):
+def _seconds(timing: Timing, device) -> float:
     """CPU seconds of this process on a CPU; on a GPU wall seconds after the queued kernels
-    finish (CPU time there measures only the launching)."""
-    import torch
-
-    if device.type != "cuda":
-        return _cpu
-
-    def wall() -> float:
-        torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    return wall
+    finish (timed with a synchronize: CPU time there measures only the launching)."""
+    return timing.wall_s if device.type == "cuda" else timing.cpu_s
 
 
 # ------------------------------------------------------------------------------------ speed
@@ -129,7 +118,7 @@ def speed(args) -> None:
 
     torch.set_num_threads(1)
     device = torch.device(args.device)
-    clock = _clock(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     examples, texts = _speed_examples(args.questions, args.n)
     tokenizer = train_tokenizer(texts, vocab_size=32000)
     torch.manual_seed(0)
@@ -157,8 +146,8 @@ def speed(args) -> None:
     with torch.no_grad():
         reader.generate(batches[0].input_ids, batches[0].attention_mask, 2)  # warm-up
         unit = "CPU s" if device.type != "cuda" else "s"
-        print(f"| setting | questions/s | speed-up | decoder {unit}/question | decoder speed-up |")
-        print("|---|---:|---:|---:|---:|")
+        columns = ["setting", "questions/s", "speed-up", f"decoder {unit}/question"]
+        print(table_header([*columns, "decoder speed-up"], align="lrrrr"))
         base = None
         encode_s = []
         for name in args.options:
@@ -167,28 +156,26 @@ def speed(args) -> None:
             variant = FiDReader(copy.deepcopy(t5), **VARIANTS[name]) if name in VARIANTS else None
             encoder, decoder = 0.0, 0.0
             for batch in batches:
-                started = clock()
-                encoding = (variant or reader).encode(batch.input_ids, batch.attention_mask)
-                encoder += clock() - started
-                started = clock()
-                if name == "plain" or variant:  # transformers' generate, as eval-reader runs it
-                    out = (variant or reader).t5.generate(
-                        encoder_outputs=BaseModelOutput(last_hidden_state=encoding.hidden),
-                        attention_mask=encoding.mask, max_new_tokens=args.steps,
-                        num_beams=1, do_sample=False,
-                    )  # fmt: skip
-                else:  # our loop ("plain, our loop": the same loop with nothing cut)
-                    out = accelerated_decode(reader, encoding, args.n, args.steps, cfg)
-                decoder += clock() - started
+                with timed(sync) as encoding_time:
+                    encoding = (variant or reader).encode(batch.input_ids, batch.attention_mask)
+                encoder += _seconds(encoding_time, device)
+                with timed(sync) as decoding_time:
+                    if name == "plain" or variant:  # transformers' generate, as eval-reader runs it
+                        out = (variant or reader).t5.generate(
+                            encoder_outputs=BaseModelOutput(last_hidden_state=encoding.hidden),
+                            attention_mask=encoding.mask, max_new_tokens=args.steps,
+                            num_beams=1, do_sample=False,
+                        )  # fmt: skip
+                    else:  # our loop ("plain, our loop": the same loop with nothing cut)
+                        out = accelerated_decode(reader, encoding, args.n, args.steps, cfg)
+                decoder += _seconds(decoding_time, device)
                 assert out.shape[1] == args.steps + 1, out.shape
             encoder, decoder = encoder / len(examples), decoder / len(examples)
             encode_s.append(encoder)
             total = encoder + decoder
             base = base or (total, decoder)
-            print(
-                f"| {name} | {1 / total:.3f} | {base[0] / total:.2f}x | {decoder:.2f} | "
-                f"{base[1] / decoder:.2f}x |"
-            )
+            print(table_row([name, f"{1 / total:.3f}", f"{base[0] / total:.2f}x",
+                             f"{decoder:.2f}", f"{base[1] / decoder:.2f}x"]))  # fmt: skip
     print(
         f"\nencoder: {np.mean(encode_s):.2f} {unit} per question (mean of the settings' "
         f"encodings, {min(encode_s):.2f}-{max(encode_s):.2f})"
@@ -221,14 +208,12 @@ def _evaluate(model: Path, examples, n: int, knobs: dict, batch_size: int, max_n
     )  # fmt: skip
     device = torch.device("cpu")
     reader, tokenizer, collator = reader_and_collator(cfg, model, device)
-    started = _cpu()
-    with torch.no_grad():
+    with timed() as clock, torch.no_grad():
         predictions = generate_answers(
             reader, tokenizer, collator, examples, batch_size, max_new, 1, device, cfg
         )
-    seconds = (_cpu() - started) / len(examples)
     em = np.array([exact_match(p, e.answers) for p, e in zip(predictions, examples, strict=True)])
-    return em.astype(float), seconds
+    return em.astype(float), clock.cpu_s / len(examples)
 
 
 def quality(args) -> None:
@@ -249,8 +234,8 @@ def quality(args) -> None:
         f"\n### Exact match against the plain reader: {len(examples)} questions x {args.n} "
         f"passages ({args.questions}), greedy, 1 CPU thread\n"
     )
-    print("| setting | EM | EM difference [95% CI] | CPU s/question | speed-up |")
-    print("|---|---:|---:|---:|---:|")
+    columns = ["setting", "EM", "EM difference [95% CI]", "CPU s/question", "speed-up"]
+    print(table_header(columns, align="lrrrr"))
     base_em, base_s = None, None
     points = []
     for name, model, knobs in runs:
@@ -259,10 +244,9 @@ def quality(args) -> None:
             base_em, base_s = em, seconds
         low, high = paired_bootstrap_interval(em, base_em)
         diff = 100 * (em.mean() - base_em.mean())
-        print(
-            f"| {name} | {100 * em.mean():.1f} | {diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] "
-            f"| {seconds:.3f} | {base_s / seconds:.2f}x |"
-        )
+        interval = f"{diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+        print(table_row([name, f"{100 * em.mean():.1f}", interval, f"{seconds:.3f}",
+                         f"{base_s / seconds:.2f}x"]))  # fmt: skip
         points.append((name, base_s / seconds, 100 * em.mean()))
     if args.plot:
         _pareto_plot(points, args.plot)

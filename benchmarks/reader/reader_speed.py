@@ -20,14 +20,22 @@ import argparse
 import csv
 import json
 import random
-import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `benchmarks.harness` however this file is run
 SAMPLES = ROOT / "samples"
+
+from benchmarks.harness import (  # noqa: E402
+    peak_memory,
+    record,
+    table_header,
+    table_row,
+    timed,
+    write_record,
+)
 
 SETTINGS = {
     # name: (pad_to_max, buckets, pack, precision, checkpointing)
@@ -39,11 +47,6 @@ SETTINGS = {
     "ours (all)+ckpt": (False, 8, True, "bf16", True),
     "ours (all)": (False, 8, True, "bf16", False),
 }
-
-
-def _rss_kb(field: str) -> int:
-    status = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{field}:\s+(\d+) kB", status).group(1))
 
 
 def _examples(n_passages: int, seed: int = 0):
@@ -107,49 +110,33 @@ def worker(setting: str, n_passages: int, steps: int, device_name: str = "cpu") 
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if cuda else None
 
     reader.train()
     train_step()  # warm-up: allocator, optimizer state
-    sync()
-    if cuda:  # memory above what the model and optimizer hold between steps
-        baseline = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        baseline = _rss_kb("VmRSS") * 1024
-        Path("/proc/self/clear_refs").write_text("5")
-    started = time.perf_counter()
-    for _ in range(steps):
-        train_step()
-    sync()
-    step_s = (time.perf_counter() - started) / steps
-    peak = torch.cuda.max_memory_allocated() if cuda else _rss_kb("VmHWM") * 1024
-    peak_mb = (peak - baseline) / 2**20
+    # memory above what the model and optimizer hold between steps
+    with peak_memory(device) as peak, timed(sync) as training:
+        for _ in range(steps):
+            train_step()
 
     reader.eval()
     with torch.no_grad(), amp:
         reader.generate(batch.input_ids, batch.attention_mask, 20)
-        started = time.perf_counter()
-        for _ in range(steps):
-            reader.generate(batch.input_ids, batch.attention_mask, 20)
-        sync()
-        generate_qps = steps / (time.perf_counter() - started)
+        with timed(sync) as generation:
+            for _ in range(steps):
+                reader.generate(batch.input_ids, batch.attention_mask, 20)
         reader.passage_scores(batch.input_ids, batch.attention_mask)
-        started = time.perf_counter()
-        for _ in range(steps):
-            reader.passage_scores(batch.input_ids, batch.attention_mask)
-        sync()
-        score_qps = steps / (time.perf_counter() - started)
+        with timed(sync) as scoring:
+            for _ in range(steps):
+                reader.passage_scores(batch.input_ids, batch.attention_mask)
     real = int(batch.attention_mask.sum())
     return {
         "setting": setting,
         "n_passages": n_passages,
-        "step_s": step_s,
-        "peak_mb": peak_mb,
-        "generate_qps": generate_qps,
-        "score_qps": score_qps,
+        "step_s": training.wall_s / steps,
+        "peak_mb": peak.above_mb,
+        "generate_qps": steps / generation.wall_s,
+        "score_qps": steps / scoring.wall_s,
         "real_tokens": real,
         "padded_tokens": batch.input_ids.numel(),
     }
@@ -161,7 +148,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
     parser.add_argument("--worker", nargs=2, metavar=("SETTING", "N"), help=argparse.SUPPRESS)
-    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     if args.worker:
@@ -169,8 +156,8 @@ def main() -> None:
         return
 
     rows = []
-    print("| N | setting | step s | peak MB | generate q/s | score q/s | real/padded tokens |")
-    print("|---|---|---|---|---|---|---|")
+    columns = ["N", "setting", "step s", "peak MB", "generate q/s", "score q/s"]
+    print(table_header([*columns, "real/padded tokens"]))
     for n in args.n:
         for setting in args.settings:
             out = subprocess.run(
@@ -180,12 +167,9 @@ def main() -> None:
             )  # fmt: skip
             row = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(row)
-            print(
-                f"| {n} | {setting} | {row['step_s']:.3f} | {row['peak_mb']:.0f} | "
-                f"{row['generate_qps']:.2f} | {row['score_qps']:.2f} | "
-                f"{row['real_tokens']}/{row['padded_tokens']} |",
-                flush=True,
-            )
+            cells = [n, setting, f"{row['step_s']:.3f}", f"{row['peak_mb']:.0f}"]
+            cells += [f"{row['generate_qps']:.2f}", f"{row['score_qps']:.2f}"]
+            print(table_row([*cells, f"{row['real_tokens']}/{row['padded_tokens']}"]), flush=True)
     for n in args.n:
         by = {r["setting"]: r for r in rows if r["n_passages"] == n}
         if "original+ckpt" in by and "ours (all)+ckpt" in by:
@@ -198,7 +182,7 @@ def main() -> None:
                 f"scoring {ours['score_qps'] / base['score_qps']:.2f}x"
             )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        write_record(args.json, record(__file__, rows))
 
 
 if __name__ == "__main__":

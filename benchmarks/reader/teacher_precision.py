@@ -15,11 +15,14 @@ results/demo/bm25/retrieval/dev.json, or real passages retrieved by BM25).
 from __future__ import annotations
 
 import argparse
-import time
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks.*` from anywhere
+from benchmarks.harness import record, table_header, table_row, timed, write_record  # noqa: E402
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -32,11 +35,9 @@ def _scores(reader, collator, examples, mode, precision, batch_size):
     from fid.runtime.precision import autocast
 
     cpu = torch.device("cpu")
-    started = time.process_time()
-    with torch.no_grad(), autocast(cpu, precision):
+    with timed() as clock, torch.no_grad(), autocast(cpu, precision):
         scores = passage_scores(reader, collator, examples, batch_size, mode, cpu)
-    seconds = (time.process_time() - started) / len(examples)
-    return [s.values[np.argsort(s.ctx_indices)] for s in scores], seconds
+    return [s.values[np.argsort(s.ctx_indices)] for s in scores], clock.cpu_s / len(examples)
 
 
 def main() -> None:
@@ -50,15 +51,16 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20, help="passages scored per question")
     parser.add_argument("--max-questions", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     examples = load_examples(args.questions)[: args.max_questions]
     cfg = ScorePassagesConfig(n_passages=args.n, encoder_buckets=4)
     reader, _, collator = reader_and_collator(cfg, args.model, torch.device("cpu"))
     print(f"{len(examples)} questions x {args.n} passages, {args.model}, 1 thread\n")
-    print("| mode | Spearman mean / min | top-1 same | top-5 overlap | max abs diff | "
-          "s/question fp32 / bf16 |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print(table_header(["mode", "Spearman mean / min", "top-1 same", "top-5 overlap",
+                        "max abs diff", "s/question fp32 / bf16"]))  # fmt: skip
+    rows = []
     for mode in ("mean_logit", "attention_mass"):
         fp32, t32 = _scores(reader, collator, examples, mode, "fp32", args.batch_size)
         bf16, t16 = _scores(reader, collator, examples, mode, "bf16", args.batch_size)
@@ -70,8 +72,14 @@ def main() -> None:
             [len(set(a.argsort()[-k:]) & set(b.argsort()[-k:])) / k for a, b in pairs]
         )
         diff = max(float(np.abs(a - b).max()) for a, b in pairs)
-        print(f"| {mode} | {np.mean(rho):.4f} / {np.min(rho):.4f} | {100 * top1:.1f}% | "
-              f"{100 * overlap:.1f}% (top-{k}) | {diff:.2e} | {t32:.3f} / {t16:.3f} |")  # fmt: skip
+        rows.append(dict(mode=mode, spearman_mean=np.mean(rho), spearman_min=np.min(rho),
+                         top1_same=top1, top_k=k, top_k_overlap=overlap, max_abs_diff=diff,
+                         cpu_s_per_question_fp32=t32, cpu_s_per_question_bf16=t16))  # fmt: skip
+        print(table_row([mode, f"{np.mean(rho):.4f} / {np.min(rho):.4f}", f"{100 * top1:.1f}%",
+                         f"{100 * overlap:.1f}% (top-{k})", f"{diff:.2e}",
+                         f"{t32:.3f} / {t16:.3f}"]))  # fmt: skip
+    if args.json:
+        write_record(args.json, record(__file__, rows))
 
 
 if __name__ == "__main__":
