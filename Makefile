@@ -12,6 +12,11 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	command -v dot >/dev/null || (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) \
 		|| echo "graphviz not installed: snakemake --dag rendering will be skipped"
+	# Headless Chromium and its WebDriver for tests/test_serve_browser.py (fid serve's page).
+	(command -v chromium && command -v chromedriver) >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
+		|| (echo "tests/test_serve_browser.py needs chromium and chromium-driver: install them" \
+			"(Debian: apt-get install chromium chromium-driver)" >&2; exit 1)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
