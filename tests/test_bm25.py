@@ -231,7 +231,7 @@ def _header_only(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("k", [1, 5, 37, 200, 500])
 def test_top_k_is_the_sort_by_score_then_row(k):
-    from fid.retrieval.bm25 import top_k
+    from fid.retrieval.bm25_search import top_k
 
     rng = np.random.default_rng(k)
     scores = rng.integers(0, 6, size=200).astype(np.float32)  # many ties, many zeros

@@ -20,8 +20,9 @@ from fid.config import BM25Config, WorldConfig
 from fid.data.questions import load_questions
 from fid.demo.files import write_world
 from fid.demo.world import build_world
-from fid.retrieval.bm25 import build_bm25, search_bm25
+from fid.retrieval.bm25 import build_bm25
 from fid.retrieval.bm25_merge import merge_top_k, read_shard_lists, retrieve_bm25_shard
+from fid.retrieval.bm25_search import search_bm25
 from fid.retrieval.bm25_shard import build_bm25_shard
 from fid.retrieval.bm25_stats import count_corpus_stats
 

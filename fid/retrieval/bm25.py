@@ -2,11 +2,12 @@
 
 `build_bm25` streams the passages once, tokenizes `title + " " + text` with bm25s's
 tokenizer (lowercase, a token pattern, stopwords removed, stems) and saves a bm25s index plus
-the passage ids and a `meta.json` to a folder, atomically.
-`retrieve_bm25` (`rank_bm25` for questions in memory) loads that folder and ranks passages for any number of question files (each
-split reuses the same index), returning FiD-format records whose ctxs carry DPR's has-answer flag.
+the passage ids and a `meta.json` to a folder, atomically (its layout: fid.retrieval.bm25_folder).
+`retrieve_bm25` (`rank_bm25` for questions in memory) searches that folder
+(fid.retrieval.bm25_search) for any number of question files (each split reuses the same
+index), returning FiD-format records whose ctxs carry DPR's has-answer flag, or compact lists.
 
-Analysis, by default as Anserini's and Pyserini's BM25 (the published BM25 baselines of DPR
+Analysis (fid.retrieval.bm25_analysis), by default as Anserini's and Pyserini's BM25 (the published BM25 baselines of DPR
 and FiD): Lucene's StandardTokenizer keeps 1-character tokens (token pattern `(?u)\\b\\w+\\b`),
 Lucene's 33 English stopwords are removed and tokens are Porter-stemmed (PyStemmer, a
 dependency). The index's `meta.json` records the analysis, and questions are analysed the same
@@ -32,54 +33,24 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import bm25s
 import numpy as np
 from bm25s.tokenization import Tokenizer
 
-from fid.config import BM25Config, ConfigError
-from fid.config.retrieval import LUCENE_STOPWORDS
+from fid.config import BM25Config
 from fid.data.passage_store import PassageStore, open_store, passages_in_memory
 from fid.data.passages import Passage, check_unique_ids, count_passages, iter_passages
 from fid.data.questions import load_questions
 from fid.errors import DataError
+from fid.retrieval.bm25_analysis import _pystemmer_version, _tokenizer
+from fid.retrieval.bm25_folder import _IDS, _META, INDEX_FORMAT
+from fid.retrieval.bm25_search import search_bm25
 from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime.fileio import atomic_directory, atomic_write_json
 from fid.runtime.progress import progress
-from fid.text_files import read_json
 
 logger = logging.getLogger(__name__)
-
-INDEX_FORMAT = "fid-bm25/1"
-# One shard of a sharded index (fid.retrieval.bm25_shard): its lists are merged, never final.
-SHARD_INDEX_FORMAT = "fid-bm25-shard/1"
-_META = "meta.json"
-_IDS = "passage_ids.npy"
-
-
-def _stemmer(name: str | None) -> Any:
-    """PyStemmer's stemmer of that algorithm ("porter", "english" = Snowball), or None."""
-    if name is None:
-        return None
-    import Stemmer
-
-    return Stemmer.Stemmer(name)
-
-
-def _tokenizer(analysis: dict) -> Tokenizer:
-    """The tokenizer of an analysis: {"token_pattern", "stopwords", "stemmer"} (a config's or
-    an index's meta.json)."""
-    stopwords = analysis["stopwords"]
-    if stopwords == "lucene":
-        stopwords = list(LUCENE_STOPWORDS)
-    return Tokenizer(
-        lower=True,
-        splitter=analysis["token_pattern"],
-        stopwords=stopwords or [],
-        stemmer=_stemmer(analysis["stemmer"]),
-    )
-
 
 # How often bm25s's index builder reads the documents (bm25s 0.2/0.3: lengths, document
 # frequencies, scores): the denominator of its progress lines only.
@@ -247,65 +218,6 @@ def build_bm25(passages_path: str | Path, index_dir: str | Path, cfg: BM25Config
     )
 
 
-def _load_meta(index_dir: Path, expected: str = INDEX_FORMAT) -> dict:
-    path = index_dir / _META
-    if not path.is_file():
-        raise DataError(
-            f"{index_dir}: not a BM25 index ({_META} not found). Hint: build it first with "
-            "`fid build-bm25 --passages PASSAGES.tsv --output INDEX_FOLDER`."
-        )
-    meta = read_json(path, "a BM25 index record (json): rebuild the index")
-    if not isinstance(meta, dict):
-        raise DataError(f"{path}: expected a JSON object, found {type(meta).__name__}")
-    if meta.get("format") == SHARD_INDEX_FORMAT != expected:
-        shard = meta.get("shard", {})
-        raise DataError(
-            f"{index_dir}: shard {shard.get('index')} of {shard.get('count')} of a sharded BM25 "
-            "index, which ranks its own passages only. Hint: retrieve from every shard with "
-            "`fid retrieve-bm25-shard`, then `fid merge-bm25-lists`."
-        )
-    if meta.get("format") != expected:
-        raise DataError(f"{path}: format {meta.get('format')!r}, expected {expected!r}")
-    return meta
-
-
-def _index_analysis(meta: dict) -> dict:
-    """The analysis an index was built with (indexes of fid 0.1 named the stemmer with its
-    version: "english (PyStemmer 2.2.0)")."""
-    stemmer = meta.get("stemmer")
-    if isinstance(stemmer, str) and " " in stemmer:
-        stemmer = stemmer.split()[0]
-    return {
-        "token_pattern": meta["token_pattern"],
-        "stopwords": meta["stopwords"],
-        "stemmer": stemmer,
-    }
-
-
-def _check_index_matches(meta: dict, cfg: BM25Config, index_dir: Path) -> None:
-    """The index fixes the scoring and the analysis; a config that differs needs a rebuild."""
-    built = {**{key: meta[key] for key in ("k1", "b", "method")}, **_index_analysis(meta)}
-    for key, value in built.items():
-        if value != getattr(cfg, key):
-            raise ConfigError(
-                f"{key} = {getattr(cfg, key)!r}, but the BM25 index at {index_dir} was built with "
-                f"{key} = {value!r}. Hint: rebuild the index with this config, or use the "
-                "index's value."
-            )
-
-
-def _query_tokens(questions: list[str], meta: dict) -> list[list[str]]:
-    """Questions analysed exactly as the passages were (tokens or stems, as strings)."""
-    tokenizer = _tokenizer(_index_analysis(meta))
-    return tokenizer.tokenize(questions, update_vocab=True, return_as="string", show_progress=False)
-
-
-def _pystemmer_version() -> str:
-    from importlib.metadata import version
-
-    return version("PyStemmer")
-
-
 def _fetch_passages(passages_path: Path, ids: np.ndarray, needed: set[int]) -> dict[int, Passage]:
     """The passages at the given row numbers, reading the file once (and only up to the last).
 
@@ -347,61 +259,6 @@ def _passage_store(passages_path: Path, ids: np.ndarray, rows: list[np.ndarray])
         return open_store(passages_path)
     found = _fetch_passages(passages_path, ids, {int(r) for rs in rows for r in rs})
     return passages_in_memory(passages_path, {p.id: p for p in found.values()})
-
-
-def search_bm25(
-    index_dir: str | Path, questions: list[dict], cfg: BM25Config, shard: bool = False
-) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
-    """The BM25 search alone: (the index's passage ids by row, each question's top rows best
-    first, their scores). Raises as `rank_bm25`. `shard`: the index is one shard of a sharded
-    index (rows are the shard's; any other index is refused), else a whole one."""
-    index_dir = Path(index_dir)
-    meta = _load_meta(index_dir, SHARD_INDEX_FORMAT if shard else INDEX_FORMAT)
-    _check_index_matches(meta, cfg, index_dir)
-    for position, question in enumerate(questions):
-        if not isinstance(question.get("question"), str) or "id" not in question:
-            raise ValueError(
-                f"question {position} needs an 'id' and a 'question' string: {question!r:.100}"
-            )
-    retriever = bm25s.BM25.load(index_dir, mmap=True, show_progress=False)
-    ids = np.load(index_dir / _IDS, allow_pickle=False)
-    k = min(cfg.top_k, len(ids))
-    rows: list[np.ndarray] = []  # (Q, k) passage row numbers, best first
-    scores: list[np.ndarray] = []  # (Q, k)
-    bar = progress(desc="BM25 search", unit="questions", total=len(questions), log=logger)
-    for start in range(0, len(questions), cfg.batch_size):
-        batch = questions[start : start + cfg.batch_size]
-        for tokens in _query_tokens([q["question"] for q in batch], meta):
-            # (N,) every passage's score; bm25s's own top-k partitions the raw scores, which
-            # is ~30x slower than on their negation when most are 0 (57 vs 1.8 ms at 210k
-            # passages: minutes per thousand questions at 21M), and orders ties arbitrarily.
-            passage_scores = (
-                retriever.get_scores(tokens) if tokens else np.zeros(len(ids), dtype=np.float32)
-            )
-            top, top_scores = top_k(passage_scores, k)
-            rows.append(top)
-            scores.append(top_scores)
-        bar.update(len(batch))
-    bar.close()
-    return ids, rows, scores
-
-
-def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, scores) of the k highest of (N,) `scores`, best first, ties by row number.
-
-    One partition of the negated scores, then only the k (and the rows tied with the k-th)
-    are sorted: O(N + k log k), deterministic whatever the ties.
-    """
-    negated = -scores
-    if k < len(scores):
-        kth = negated[np.argpartition(negated, k - 1)[:k]].max()
-        above = np.flatnonzero(negated < kth)
-        tied = np.flatnonzero(negated == kth)[: k - len(above)]
-        rows = np.concatenate([above, tied])
-    else:
-        rows = np.arange(len(scores))
-    rows = rows[np.lexsort((rows, negated[rows]))]
-    return rows, scores[rows]
 
 
 def rank_bm25(

@@ -2,10 +2,10 @@
 global top k of all shards (`fid merge-bm25-lists`), written as `fid retrieve-bm25` writes one
 index's lists.
 
-Ties: `top_k` of fid.retrieval.bm25 orders one index's passages by score, then row. A shard's top
-k are its first k in that order (its rows are a contiguous run of the file's), so the first k of
-all shards' lists ordered by (score descending, global row) are the whole index's first k: the
-same passages, in the same order, with the same float32 scores.
+Ties: `top_k` of fid.retrieval.bm25_search orders one index's passages by score, then row. A
+shard's top k are its first k in that order (its rows are a contiguous run of the file's), so the
+first k of all shards' lists ordered by (score descending, global row) are the whole index's
+first k: the same passages, in the same order, with the same float32 scores.
 
 Shard lists (one .npz file a shard, written atomically): `meta` (a JSON string: the shard, its
 rows, the statistics' fingerprint, top_k and the scoring), `question_ids` (Q,), `rows` (Q, k)
@@ -32,7 +32,8 @@ from fid.data.passage_store import PassageStore, open_store, passages_in_memory
 from fid.data.passages import Passage, iter_passages
 from fid.data.questions import load_questions
 from fid.errors import DataError
-from fid.retrieval.bm25 import SHARD_INDEX_FORMAT, _load_meta, search_bm25
+from fid.retrieval.bm25_folder import SHARD_INDEX_FORMAT, _load_meta
+from fid.retrieval.bm25_search import search_bm25
 from fid.retrieval.bm25_stats import check_stats_config, load_stats_meta
 from fid.retrieval.ranking import retrieval_records, write_compact_lists
 from fid.runtime.fileio import atomic_path, atomic_write_json

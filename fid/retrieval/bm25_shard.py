@@ -38,7 +38,9 @@ from fid.config import BM25Config
 from fid.data.passage_store import file_sha256
 from fid.data.passages import check_unique_ids, iter_passages, passage_shard_bounds, read_header
 from fid.errors import DataError, InputError
-from fid.retrieval.bm25 import _IDS, _META, SHARD_INDEX_FORMAT, _FlatDocs, _tokenizer
+from fid.retrieval.bm25 import _FlatDocs
+from fid.retrieval.bm25_analysis import _tokenizer
+from fid.retrieval.bm25_folder import _IDS, _META, SHARD_INDEX_FORMAT
 from fid.retrieval.bm25_stats import CorpusStats, DocFrequencyCounter, load_stats
 from fid.runtime.fileio import atomic_directory, atomic_write_json
 

@@ -37,7 +37,7 @@ from fid.config import BM25Config, ConfigError
 from fid.data.passage_store import file_sha256
 from fid.data.passages import check_unique_ids, count_passages, iter_passages
 from fid.errors import DataError
-from fid.retrieval.bm25 import _pystemmer_version, _tokenizer
+from fid.retrieval.bm25_analysis import _pystemmer_version, _tokenizer
 from fid.runtime.fileio import atomic_directory, atomic_write_json
 from fid.runtime.progress import progress
 from fid.text_files import read_json
