@@ -278,8 +278,10 @@ def test_fid_serve_listens_on_loopback_only_and_stops_on_ctrl_c(run):
         line = _line_within(process, 120)
         assert line.startswith("fid serve: listening on http://127.0.0.1:"), line
         url = line.split()[4]
-        listening = [c for c in psutil.Process(process.pid).net_connections(kind="inet")
-                     if c.status == psutil.CONN_LISTEN]  # fmt: skip
+        server = psutil.Process(process.pid)
+        # net_connections: psutil >= 6 (pyproject.toml allows 5.9, where it is connections)
+        sockets = getattr(server, "net_connections", None) or server.connections
+        listening = [c for c in sockets(kind="inet") if c.status == psutil.CONN_LISTEN]
         assert [c.laddr.ip for c in listening] == ["127.0.0.1"], listening
         assert url == f"http://127.0.0.1:{listening[0].laddr.port}/"
         connection = http.client.HTTPConnection("127.0.0.1", listening[0].laddr.port)
