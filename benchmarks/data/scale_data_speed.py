@@ -15,25 +15,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 # One thread (set before numpy is imported): the generator is meant to be one-core work.
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_name] = "1"
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks.*` from anywhere
+from benchmarks.harness import MIB, peak_memory, record, timed, write_record  # noqa: E402
 from fid.config import ScaleDataConfig  # noqa: E402
 from fid.config.demo import NQ_PASSAGES  # noqa: E402
 from fid.demo.scale_data import _vocabulary, make_scale_data  # noqa: E402
-
-
-def _status_mb(key: str) -> float:
-    """A /proc/self/status memory line (VmRSS, VmHWM) in MB."""
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.M).group(1)) / 1024
 
 
 def main() -> None:
@@ -42,11 +37,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--integer-ids", choices=["true", "false"], default="true")
     parser.add_argument("--output", type=Path, help="keep the files here (default: deleted)")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
 
-    began, cpu = time.perf_counter(), time.process_time()
-    _vocabulary()
-    vocab_s, vocab_cpu = time.perf_counter() - began, time.process_time() - cpu
+    with timed() as vocabulary:
+        _vocabulary()
     cfg = ScaleDataConfig(
         seed=args.seed,
         scale=min(1.0, args.passages / NQ_PASSAGES),
@@ -54,25 +49,28 @@ def main() -> None:
         integer_ids=args.integer_ids == "true",
     )
     output = args.output or Path(tempfile.mkdtemp(prefix="scale_data_speed."))
-    rss_before = _status_mb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS, to measure this call alone
-    began, cpu = time.perf_counter(), time.process_time()
     try:
-        stats = make_scale_data(cfg, output)
-        wall, cpu = time.perf_counter() - began, time.process_time() - cpu
-        peak = _status_mb("VmHWM")
+        with peak_memory() as peak, timed() as clock:  # this call alone
+            stats = make_scale_data(cfg, output)
     finally:
         if args.output is None:
             shutil.rmtree(output, ignore_errors=True)
     n, mb = stats["passages"], sum(stats["bytes"].values()) / 1e6
-    print(f"vocabulary: {vocab_s:.1f} s wall, {vocab_cpu:.1f} s CPU (once per process)")
+    wall, cpu = clock.wall_s, clock.cpu_s
+    rss_before, peak_mb = peak.start_bytes / MIB, (peak.start_bytes + peak.above_bytes) / MIB
+    print(f"vocabulary: {vocabulary.wall_s:.1f} s wall, {vocabulary.cpu_s:.1f} s CPU "
+          "(once per process)")  # fmt: skip
     print(f"passages: {n:,}, questions: {stats['questions']}, articles: {stats['articles']:,}")
     print(f"wall: {wall:.1f} s = {n / wall:,.0f} passages/s")
     print(f"CPU:  {cpu:.1f} s = {n / cpu:,.0f} passages/s")
     print(f"written: {mb:,.1f} MB ({stats['bytes']['psgs_w100.tsv'] / n:.0f} bytes a passage row)")
-    print(
-        f"peak RSS: {peak:,.0f} MB ({peak - rss_before:+,.0f} MB over the {rss_before:,.0f} MB before)"
-    )
+    print(f"peak RSS: {peak_mb:,.0f} MB ({peak.above_mb:+,.0f} MB over the {rss_before:,.0f} MB "
+          "before)")  # fmt: skip
+    if args.json:
+        figures = dict(stats, wall_s=wall, cpu_s=cpu, vocabulary_wall_s=vocabulary.wall_s,
+                       vocabulary_cpu_s=vocabulary.cpu_s, rss_before_mb=rss_before,
+                       peak_rss_mb=peak_mb, written_mb=mb)  # fmt: skip
+        write_record(args.json, record(__file__, figures))
 
 
 if __name__ == "__main__":

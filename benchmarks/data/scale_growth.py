@@ -49,7 +49,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +56,10 @@ import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `benchmarks.harness` however this file is run
+
+from benchmarks.harness import record, table_header, table_row, timed, write_record  # noqa: E402
+
 ORDER = ["make_scale_data", "build_passage_store", "build_bm25", "retrieve_bm25", "eval_baseline",
          "init_reader", "init_retriever", "train_reader", "score_passages", "eval_reader",
          "train_retriever", "embed_passages", "build_index", "retrieve", "eval_retrieval"]  # fmt: skip
@@ -119,11 +122,10 @@ def run_rehearsal(folder: Path, cores: int) -> dict:
     command += ["config.yaml", "--cores", str(cores), "--keep-going"]
     path = f"{folder / 'bin'}{os.pathsep}{venv}{os.pathsep}"
     env = {**os.environ, "PATH": path + os.environ["PATH"]}
-    start = time.time()
-    with open(folder / "snakemake.log", "w") as log:
+    with timed() as clock, open(folder / "snakemake.log", "w") as log:
         code = subprocess.call(command, cwd=folder, env=env, stdout=log, stderr=log)
     failed = sorted({m for m in re.findall(r"log: (logs/\S+)", _errors(folder))})
-    return {"command": " ".join(command), "returncode": code, "wall_s": time.time() - start,
+    return {"command": " ".join(command), "returncode": code, "wall_s": clock.wall_s,
             "failed_logs": failed}  # fmt: skip
 
 
@@ -195,15 +197,15 @@ def growth_table(rules: pd.DataFrame, fmt: str) -> str:
     """Markdown: per rule, wall / CPU / peak RSS / written at each scale (one format)."""
     data = rules[rules["format"] == fmt]
     scales = sorted(data["scale"].unique())
-    lines = [f"| rule ({fmt}) | jobs | " + " | ".join(f"s = {s:g}" for s in scales) + " |"]
-    lines.append("|---|---:|" + "---:|" * len(scales))
+    columns = [f"rule ({fmt})", "jobs", *(f"s = {s:g}" for s in scales)]
+    lines = [table_header(columns, align="l" + "r" * (len(columns) - 1))]
     for rule, group in data.groupby("rule", sort=False):
         cells = group.set_index("scale").reindex(scales)
         text = [
             " · ".join("–" if pd.isna(r[q]) else f"{r[q]:.3g}" for q in QUANTITIES)
             for _, r in cells.iterrows()
         ]
-        lines.append(f"| {rule} | {int(group['jobs'].max())} | " + " | ".join(text) + " |")
+        lines.append(table_row([rule, int(group["jobs"].max()), *text]))
     return "\n".join(lines) + "\n\ncells: " + " · ".join(QUANTITIES.values()) + " (totals)"
 
 
@@ -216,11 +218,11 @@ def _law(law: dict) -> str:
 
 def law_table(laws: pd.DataFrame) -> str:
     """Markdown: the fitted laws per rule and format, and what the work is proportional to."""
-    lines = ["| rule | format | CPU s (total) | peak RSS MB | MB written (total) | grows in |"]
-    lines.append("|---|---|---|---|---|---|")
+    columns = ["rule", "format", "CPU s (total)", "peak RSS MB", "MB written (total)", "grows in"]
+    lines = [table_header(columns)]
     for _, r in laws.sort_values(["rule", "format"]).iterrows():
-        laws_text = " | ".join(_law(r[c]) for c in ("cpu_s", "rss_mb", "written_mb"))
-        lines.append(f"| {r['rule']} | {r['format']} | {laws_text} | {GROWS_IN.get(r['rule'])} |")
+        laws_text = [_law(r[c]) for c in ("cpu_s", "rss_mb", "written_mb")]
+        lines.append(table_row([r["rule"], r["format"], *laws_text, GROWS_IN.get(r["rule"])]))
     return "\n".join(lines) + "\n\nflat: grew < 10% over the measured scales (constants dominate)"
 
 
@@ -235,7 +237,7 @@ def extrapolation_table(laws: pd.DataFrame) -> str:
         ("written GB", "written_mb", "at_nq", 1 / 1024),
     ]
     head = [f"{name} ({f})" for name, *_ in columns for f in formats]
-    lines = ["| rule | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    lines = [table_header(["rule", *head], align="l" + "r" * len(head))]
     table = laws.set_index(["rule", "format"])
     for rule in laws["rule"].unique():
         cells = []
@@ -243,7 +245,7 @@ def extrapolation_table(laws: pd.DataFrame) -> str:
             for fmt in formats:
                 law = table.loc[(rule, fmt), column] if (rule, fmt) in table.index else {}
                 cells.append(f"{law[part] * unit:.3g}" if law else "–")
-        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+        lines.append(table_row([rule, *cells]))
     return "\n".join(lines)
 
 
@@ -251,7 +253,7 @@ def totals_table(jobs: pd.DataFrame, rounds: int) -> str:
     """Markdown: CPU hours and GB written at full NQ, per round (jobs of iter{i}) and once."""
     jobs = jobs.assign(part=np.where(jobs["job"].str.contains(r"\biter\d"), "round", "once"))
     sums = jobs.groupby(["format", "part", "scale"])[["cpu_s", "written_mb"]].sum()
-    lines = ["| format | part | CPU h at NQ | GB written at NQ |", "|---|---|---:|---:|"]
+    lines = [table_header(["format", "part", "CPU h at NQ", "GB written at NQ"], align="llrr")]
     for (fmt, part), group in sums.groupby(level=[0, 1]):
         s = group.index.get_level_values("scale").to_numpy()
         per = rounds if part == "round" else 1
@@ -261,7 +263,7 @@ def totals_table(jobs: pd.DataFrame, rounds: int) -> str:
         cells = [
             f"{law['at_nq'] / unit:.3g}" if law else "–" for law, unit in [(cpu, 3600), (out, 1024)]
         ]
-        lines.append(f"| {fmt} | {name} | " + " | ".join(cells) + " |")
+        lines.append(table_row([fmt, name, *cells]))
     return "\n".join(lines)
 
 
@@ -289,8 +291,8 @@ def main() -> None:
     print(f"\n### At full NQ (s = 1)\n\n{extrapolation_table(laws)}")
     print(f"\n{totals_table(jobs, rounds)}")
     if args.json:
-        record = {"runs": runs, "jobs": jobs.to_dict("records"), "laws": laws.to_dict("records")}
-        args.json.write_text(json.dumps(record, indent=1, default=float))
+        found = {"runs": runs, "jobs": jobs.to_dict("records"), "laws": laws.to_dict("records")}
+        write_record(args.json, record(__file__, found))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ with the CPU, in one call (issue 21; <= 8 minutes on one GPU).
     python benchmarks/gpu/gpu_check.py                       # on a CUDA machine: the full run
     python benchmarks/gpu/gpu_check.py --device cpu --small  # the same steps, small, on a CPU
 
-Each check prints one row (ok, seconds, what it found) and everything goes to OUT/gpu_check.json;
+Each check prints one row (ok, seconds, what it found) and everything goes to OUT/gpu_check.json
+(benchmarks/harness.py's record: machine, versions and commit, the checks under "results");
 the exit status is 1 if any check failed (a check fails by raising CheckFailed through `require`,
 never by assert, so that `python -O` runs every check too). The checks, on a demo world with
 tiny models:
@@ -56,6 +57,10 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `benchmarks.harness` however this file is run (or imported)
+
+from benchmarks.harness import record, timed, write_record  # noqa: E402
+
 # bf16 dense peak FLOP/s by GPU name (NVIDIA's data sheets, without sparsity)
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 TOLERANCE = {"fp16": 0.02, "bf16": 0.05, "fp32": 1e-4}  # relative, first logged losses
@@ -494,7 +499,7 @@ class Run:
                                 env={**os.environ, **self.device_env})  # fmt: skip
         (self.out / "memory_plan.txt").write_text(result.stdout + result.stderr[-3000:])
         require(result.returncode == 0, _child_error(result.stderr))
-        worst = max(json.loads(rows.read_text()), key=lambda row: abs(row["error"]))
+        worst = max(json.loads(rows.read_text())["results"], key=lambda row: abs(row["error"]))
         detail = (f"worst error {worst['error']:+.1%} ({worst['model']} {worst['passages']} "
                   f"passages, checkpointing {worst['checkpointing']}); table in {rows.name}")  # fmt: skip
         if self.cuda:
@@ -639,24 +644,24 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: run this on a GPU machine, or with --device cpu --small")
     args.out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    run = Run(args.device, args.small, args.out)
     rows = []
-    for name in args.checks:
-        began = time.perf_counter()
-        try:
-            detail, ok = getattr(run, name)(), True
-        except Exception as error:  # a failed check is a row of the table, not the end
-            detail, ok = f"{type(error).__name__}: {error}", False
-            traceback.print_exc()
-        rows.append({"check": name, "ok": ok, "seconds": round(time.perf_counter() - began, 1),
-                     "detail": detail})  # fmt: skip
-        print(f"{'ok ' if ok else 'FAIL'} {name:<20} {rows[-1]['seconds']:7.1f} s  {detail}",
-              flush=True)  # fmt: skip
+    with timed() as total:
+        run = Run(args.device, args.small, args.out)
+        for name in args.checks:
+            with timed() as clock:
+                try:
+                    detail, ok = getattr(run, name)(), True
+                except Exception as error:  # a failed check is a row of the table, not the end
+                    detail, ok = f"{type(error).__name__}: {error}", False
+                    traceback.print_exc()
+            rows.append({"check": name, "ok": ok, "seconds": round(clock.wall_s, 1),
+                         "detail": detail})  # fmt: skip
+            print(f"{'ok ' if ok else 'FAIL'} {name:<20} {rows[-1]['seconds']:7.1f} s  {detail}",
+                  flush=True)  # fmt: skip
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    report = {"device": device, "small": args.small, "torch": torch.__version__,
-              "seconds": round(time.perf_counter() - started, 1), "checks": rows}  # fmt: skip
-    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    report = {"device": device, "small": args.small, "seconds": round(total.wall_s, 1),
+              "checks": rows}  # fmt: skip
+    write_record(args.out / "gpu_check.json", record(__file__, report))
     print(f"{device}: {sum(r['ok'] for r in rows)}/{len(rows)} checks ok in "
           f"{report['seconds']:.0f} s; {args.out / 'gpu_check.json'}")  # fmt: skip
     sys.exit(0 if all(r["ok"] for r in rows) else 1)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import shutil
 import subprocess
@@ -52,32 +51,24 @@ from pathlib import Path
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ[_name] = "1"
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks.*` from anywhere
+from benchmarks.harness import (  # noqa: E402
+    MIB,
+    memory_now,
+    memory_peak,
+    peak_memory,
+    record,
+    table_header,
+    table_row,
+    timed,
+    write_record,
+)
+
 NQ_TRAIN_TENTH = 7_917  # round(79,168 / 10)
 RESULT = "LIST_MEMORY_RESULT "  # prefix of the line a job prints its result on
 BATCH = 8  # examples in "one batch" of the compact loader
 HEADER = ["measurement", "size", "wall", "CPU", "peak RSS (over imports)", "held after", "on disk"]
 HEADER += ["notes"]
-
-
-def _status_mb(key: str) -> float:
-    """A /proc/self/status memory line (VmRSS, VmHWM) in MB."""
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.M).group(1)) / 1024
-
-
-def _reset_peak() -> float:
-    """Sets VmHWM to the current RSS (so that it measures what follows); returns that RSS."""
-    Path("/proc/self/clear_refs").write_text("5")
-    return _status_mb("VmRSS")
-
-
-def _clock() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
-
-
-def _since(start: tuple[float, float]) -> tuple[float, float]:
-    """(wall s, CPU s) since `_clock()` gave `start`."""
-    return time.perf_counter() - start[0], time.process_time() - start[1]
 
 
 def _size_mb(path: Path) -> float:
@@ -121,9 +112,9 @@ def job_prepare_lists(params: dict) -> dict:
     def step(name: str, output: Path, make: Callable[[], object]) -> None:
         if output.exists():
             return
-        start = _clock()
-        make()
-        steps[name] = round(_since(start)[0], 1)
+        with timed() as clock:
+            make()
+        steps[name] = round(clock.wall_s, 1)
 
     cfg = ScaleDataConfig(
         n_passages=params["corpus_passages"], n_train=params["questions"], n_dev=0, n_test=0
@@ -154,18 +145,16 @@ def job_load_fid_json(params: dict) -> dict:
     from fid.data.examples import load_examples
 
     p = _paths(Path(params["workdir"]), params)
-    base = _reset_peak()
-    start = _clock()
-    examples = load_examples(p["fid_json"], require_answers=True, passages=p["lists_store"])
-    wall, cpu = _since(start)
+    with peak_memory() as peak, timed() as clock:
+        examples = load_examples(p["fid_json"], require_answers=True, passages=p["lists_store"])
     return {
         "questions": len(examples),
         "passages": sum(len(e.ctxs) for e in examples),
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "base_mb": base,
-        "peak_mb": _status_mb("VmHWM") - base,
-        "held_mb": _status_mb("VmRSS") - base,
+        "wall_s": clock.wall_s,
+        "cpu_s": clock.cpu_s,
+        "base_mb": peak.start_bytes / MIB,
+        "peak_mb": peak.above_mb,
+        "held_mb": (memory_now() - peak.start_bytes) / MIB,
         "disk_mb": _size_mb(p["fid_json"]),
     }
 
@@ -193,14 +182,11 @@ def job_load_compact(params: dict) -> dict:
     from fid.data.examples import load_examples
 
     p = _paths(Path(params["workdir"]), params)
-    base = _reset_peak()
-    start = _clock()
-    examples = load_examples(p["compact"], require_answers=True, passages=p["lists_store"])
-    wall, cpu = _since(start)
-    peak, held = _status_mb("VmHWM") - base, _status_mb("VmRSS") - base
-    start = _clock()
-    batch = [examples[i] for i in range(BATCH)]
-    batch_wall, batch_cpu = _since(start)
+    with peak_memory() as peak, timed() as clock:
+        examples = load_examples(p["compact"], require_answers=True, passages=p["lists_store"])
+    held = (memory_now() - peak.start_bytes) / MIB
+    with timed() as batch_clock:
+        batch = [examples[i] for i in range(BATCH)]
     lists = examples.lists
     n = len(lists.passage_ids)
     arrays = {
@@ -214,15 +200,16 @@ def job_load_compact(params: dict) -> dict:
     return {
         "questions": len(examples),
         "passages": n,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "base_mb": base,
-        "peak_mb": peak,
+        "wall_s": clock.wall_s,
+        "cpu_s": clock.cpu_s,
+        "base_mb": peak.start_bytes / MIB,
+        "peak_mb": peak.above_mb,
         "held_mb": held,
-        "batch_wall_s": batch_wall,
-        "batch_cpu_s": batch_cpu,
+        "batch_wall_s": batch_clock.wall_s,
+        "batch_cpu_s": batch_clock.cpu_s,
         "batch_passages": sum(len(e.ctxs) for e in batch),
-        "batch_peak_mb": _status_mb("VmHWM") - base,
+        # the peak since the load began (no reset in between): the load's or the batch's
+        "batch_peak_mb": (memory_peak() - peak.start_bytes) / MIB,
         "array_bytes": arrays,
         "id_bytes": lists.passage_ids.dtype.itemsize,
         "fields_bytes": _deep_size(lists.fields),
@@ -237,20 +224,18 @@ def job_iterate_compact(params: dict) -> dict:
     from fid.data.examples import load_examples
 
     p = _paths(Path(params["workdir"]), params)
-    base = _reset_peak()
-    start = _clock()
-    examples = load_examples(p["compact"], passages=p["lists_store"])
-    n_passages = 0
-    for example in examples:
-        n_passages += len(example.ctxs)
-    wall, cpu = _since(start)
+    with peak_memory() as peak, timed() as clock:
+        examples = load_examples(p["compact"], passages=p["lists_store"])
+        n_passages = 0
+        for example in examples:
+            n_passages += len(example.ctxs)
     return {
         "questions": len(examples),
         "passages": n_passages,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "peak_mb": _status_mb("VmHWM") - base,
-        "held_mb": _status_mb("VmRSS") - base,
+        "wall_s": clock.wall_s,
+        "cpu_s": clock.cpu_s,
+        "peak_mb": peak.above_mb,
+        "held_mb": (memory_now() - peak.start_bytes) / MIB,
     }
 
 
@@ -264,10 +249,10 @@ def job_make_store_corpus(params: dict) -> dict:
     if p["corpus"].exists():
         return {}
     n = params["store_passages"]
-    start = _clock()
-    make_scale_data(ScaleDataConfig(scale=min(1.0, n / NQ_PASSAGES), n_passages=n), p["corpus"])
-    wall, cpu = _since(start)
-    return {"made_wall_s": wall, "made_cpu_s": cpu}
+    with timed() as clock:
+        cfg = ScaleDataConfig(scale=min(1.0, n / NQ_PASSAGES), n_passages=n)
+        make_scale_data(cfg, p["corpus"])
+    return {"made_wall_s": clock.wall_s, "made_cpu_s": clock.cpu_s}
 
 
 def job_build_store(params: dict) -> dict:
@@ -276,15 +261,13 @@ def job_build_store(params: dict) -> dict:
 
     p = _paths(Path(params["workdir"]), params)
     shutil.rmtree(p["store"], ignore_errors=True)
-    base = _reset_peak()
-    start = _clock()
-    record = build_passage_store(p["tsv"], p["store"])
-    wall, cpu = _since(start)
+    with peak_memory() as peak, timed() as clock:
+        built = build_passage_store(p["tsv"], p["store"])
     return {
-        "passages": record["n_passages"],
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "peak_mb": _status_mb("VmHWM") - base,
+        "passages": built["n_passages"],
+        "wall_s": clock.wall_s,
+        "cpu_s": clock.cpu_s,
+        "peak_mb": peak.above_mb,
         "disk_mb": _size_mb(p["store"]),
         "tsv_mb": _size_mb(p["tsv"]),
     }
@@ -297,22 +280,20 @@ def job_store_lookups(params: dict) -> dict:
     from fid.data.passage_store import open_store
 
     p = _paths(Path(params["workdir"]), params)
-    base = _reset_peak()
-    start = _clock()
-    store = open_store(p["store"])
-    open_wall, _ = _since(start)
-    rng = np.random.default_rng(0)
-    wanted = (rng.integers(1, len(store) + 1, size=params["lookups"])).tolist()
-    batches = [[str(i) for i in wanted[k : k + 100]] for k in range(0, len(wanted), 100)]
-    start = _clock()
-    n = sum(len(store.get(batch)) for batch in batches)
-    wall, cpu = _since(start)
+    with peak_memory() as peak:
+        with timed() as opening:
+            store = open_store(p["store"])
+        rng = np.random.default_rng(0)
+        wanted = (rng.integers(1, len(store) + 1, size=params["lookups"])).tolist()
+        batches = [[str(i) for i in wanted[k : k + 100]] for k in range(0, len(wanted), 100)]
+        with timed() as clock:
+            n = sum(len(store.get(batch)) for batch in batches)
     return {
         "passages": n,
-        "open_s": open_wall,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "peak_mb": _status_mb("VmHWM") - base,
+        "open_s": opening.wall_s,
+        "wall_s": clock.wall_s,
+        "cpu_s": clock.cpu_s,
+        "peak_mb": peak.above_mb,
     }
 
 
@@ -354,12 +335,8 @@ def _mb(value: float) -> str:
     return f"{value:,.0f} MB" if value >= 10 else f"{value:,.1f} MB"
 
 
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
 def _table(params: dict, results: dict[str, dict]) -> list[str]:
-    lines = [_row(HEADER), _row(["---"] * len(HEADER))]
+    lines = [table_header(HEADER)]
     q = params["questions"]
     shape = f"{q:,} q x 100"
 
@@ -368,14 +345,14 @@ def _table(params: dict, results: dict[str, dict]) -> list[str]:
         if result is None:
             return True
         if "error" in result:
-            lines.append(_row([name, shape, "", "", "", "", "", f"failed: {result['error']}"]))
+            lines.append(table_row([name, shape, "", "", "", "", "", f"failed: {result['error']}"]))
             return True
         return False
 
     if not failed("load_fid_json"):
         r = results["load_fid_json"]
         peak, held = (r[key] * 2**20 / r["passages"] for key in ("peak_mb", "held_mb"))
-        lines.append(_row([
+        lines.append(table_row([
             "load_examples, FiD json", shape, f"{r['wall_s']:.1f} s", f"{r['cpu_s']:.1f} s",
             _mb(r["peak_mb"]), _mb(r["held_mb"]), _mb(r["disk_mb"]),
             f"{peak:,.0f} B peak, {held:,.0f} B held per passage; imports {r['base_mb']:.0f} MB",
@@ -384,7 +361,7 @@ def _table(params: dict, results: dict[str, dict]) -> list[str]:
         r = results["load_compact"]
         per = r["held_mb"] * 2**20 / r["passages"]
         arrays = sum(r["array_bytes"].values())
-        lines.append(_row([
+        lines.append(table_row([
             "load_examples, compact", shape, f"{r['wall_s']:.1f} s", f"{r['cpu_s']:.1f} s",
             _mb(r["peak_mb"]), _mb(r["held_mb"]), _mb(r["disk_mb"]),
             f"{per:,.0f} B held per passage: numpy {arrays / r['passages']:.0f} B/passage "
@@ -392,7 +369,7 @@ def _table(params: dict, results: dict[str, dict]) -> list[str]:
             f"({r['fields_bytes'] / r['questions']:,.0f} B/question); imports "
             f"{r['base_mb']:.0f} MB",
         ]))  # fmt: skip
-        lines.append(_row([
+        lines.append(table_row([
             f"compact: one batch (examples[0..{BATCH - 1}])", f"{r['batch_passages']} passages",
             f"{r['batch_wall_s'] * 1e3:.0f} ms", f"{r['batch_cpu_s'] * 1e3:.0f} ms",
             _mb(r["batch_peak_mb"]), "", _mb(r["store_disk_mb"]),
@@ -401,7 +378,7 @@ def _table(params: dict, results: dict[str, dict]) -> list[str]:
         ]))  # fmt: skip
     if "iterate_compact" in results and not failed("iterate_compact"):
         r = results["iterate_compact"]
-        lines.append(_row([
+        lines.append(table_row([
             "compact: load + build every example", f"{r['passages']:,} passages",
             f"{r['wall_s']:.1f} s", f"{r['cpu_s']:.1f} s", _mb(r["peak_mb"]), _mb(r["held_mb"]),
             "", f"{r['passages'] / r['wall_s']:,.0f} passages/s (score-passages-like)",
@@ -409,7 +386,7 @@ def _table(params: dict, results: dict[str, dict]) -> list[str]:
     n = f"{params['store_passages']:,} passages"
     if "build_store" in results and not failed("build_store"):
         r = results["build_store"]
-        lines.append(_row([
+        lines.append(table_row([
             "build_passage_store", n, f"{r['wall_s']:.1f} s", f"{r['cpu_s']:.1f} s",
             _mb(r["peak_mb"]), "", _mb(r["disk_mb"]),
             f"{r['passages'] / r['wall_s']:,.0f} passages/s wall, "
@@ -417,7 +394,7 @@ def _table(params: dict, results: dict[str, dict]) -> list[str]:
         ]))  # fmt: skip
     if "store_lookups" in results and not failed("store_lookups"):
         r = results["store_lookups"]
-        lines.append(_row([
+        lines.append(table_row([
             "store.get, random ids, batches of 100", f"{r['passages']:,} of {n}",
             f"{r['wall_s']:.1f} s", f"{r['cpu_s']:.1f} s", _mb(r["peak_mb"]), "", "",
             f"{r['passages'] / r['wall_s']:,.0f} passages/s wall, "
@@ -437,6 +414,7 @@ def main() -> None:
     parser.add_argument("--memory-limit-gb", type=float, default=12.0)
     parser.add_argument("--skip-store", action="store_true", help="skip measurement 2")
     parser.add_argument("--skip-iterate", action="store_true", help="skip measurement 3")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     parser.add_argument("--job", choices=sorted(JOBS), help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -469,6 +447,8 @@ def main() -> None:
     if made:
         print("data made now (wall s): " + ", ".join(f"{k} {v:.1f}" for k, v in made.items()))
     print("\n".join(_table(params, results)))
+    if args.json:
+        write_record(args.json, record(__file__, {"params": params, "jobs": results}))
 
 
 if __name__ == "__main__":

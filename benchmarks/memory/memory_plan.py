@@ -23,10 +23,20 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks.*` from anywhere
+
+from benchmarks.harness import (  # noqa: E402
+    memory_now,
+    memory_peak,
+    record,
+    reset_peak,
+    table_header,
+    table_row,
+    timed,
+    write_record,
+)
 
 MIB = 2**20
 TINY_T5 = dict(d_model=64, d_ff=256, d_kv=16, num_heads=4, num_layers=2, vocab_size=1000,
@@ -116,24 +126,19 @@ def measure(case: dict, device_name: str, heap_fix: bool) -> dict:
     # a CPU's measure is the whole plan; CUDA's max_memory_allocated counts tensors only
     allowances = sum(v for k, v in plan.components.items() if "allowance" in k)
     predicted = plan.peak if device.type == "cpu" else plan.peak - allowances
-    baseline = _rss() if device.type == "cpu" else 0
+    # a CPU's peak counts from before the model was built; CUDA's from nothing allocated
+    baseline = memory_now(device) if device.type == "cpu" else 0
     run_once = (
         _inference_batch(inputs, device) if "mode" in case else _training_step(case, inputs, device)
     )
-    for step in range(2):
-        if step == 1:  # the steady state: AdamW's moments exist from the first update on
-            _reset_peak(device)
-            start = time.perf_counter()
+    run_once()
+    reset_peak(device)
+    with timed() as step:  # the steady state: AdamW's moments exist from the first update on
         run_once()
-    seconds = time.perf_counter() - start
-    if device.type == "cpu":
-        measured, reserved = _peak_rss() - baseline, None
-    else:
-        torch.cuda.synchronize()
-        measured = torch.cuda.max_memory_allocated(device)
-        reserved = torch.cuda.max_memory_reserved(device)
+    measured = memory_peak(device) - baseline
+    reserved = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
     return dict(case, predicted=predicted, plan_peak=plan.peak, measured=measured,
-                reserved=reserved, seconds=seconds)  # fmt: skip
+                reserved=reserved, seconds=step.wall_s)  # fmt: skip
 
 
 def _training_step(case: dict, inputs, device):
@@ -235,36 +240,13 @@ def _padded_mask(rows: int, length: int, device):
     return (torch.arange(length, device=device) < lengths[:, None]).long()
 
 
-def _rss() -> int:
-    return _status_kb("VmRSS") * 1024
-
-
-def _peak_rss() -> int:
-    return _status_kb("VmHWM") * 1024
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
-
-
-def _reset_peak(device) -> None:
-    import torch
-
-    if device.type == "cpu":
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-    else:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="tiny shapes only")
     parser.add_argument("--smallest", action="store_true", help="one tiny case (a smoke test)")
     parser.add_argument("--no-heap-fix", action="store_true", help="glibc's default malloc")
-    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in a fresh process
     args = parser.parse_args()
     if args.case:
@@ -272,8 +254,8 @@ def main() -> None:
         return
     goal = 0.10 if args.device.startswith("cuda") else 0.15
     print(f"device {args.device}, heap fix {'off' if args.no_heap_fix else 'on'}; MiB")
-    print("| step | model | B x N x L | checkpointing | predicted | measured | error | step s |")
-    print("|---|---|---|---|---:|---:|---:|---:|")
+    columns = ["step", "model", "B x N x L", "checkpointing", "predicted", "measured", "error"]
+    print(table_header([*columns, "step s"], align="llllrrrr"))
     rows = []
     for case in cases(args.quick)[:1] if args.smallest else cases(args.quick):
         command = [sys.executable, __file__, "--device", args.device, "--case", json.dumps(case)]
@@ -289,18 +271,17 @@ def main() -> None:
         shape = f"{row['questions']} x {row['passages']} x {row['tokens']}"
         if "mode" in row:
             shape += f" ({row['mode']})"
-        print(
-            f"| {row['command']} | {row['model']} | {shape} | {row['checkpointing']} | "
-            f"{row['predicted'] / MIB:.0f} | {row['measured'] / MIB:.0f} | "
-            f"{100 * row['error']:+.1f}% | {row['seconds']:.2f} |",
-            flush=True,
-        )
+        print(table_row([
+            row["command"], row["model"], shape, row["checkpointing"],
+            f"{row['predicted'] / MIB:.0f}", f"{row['measured'] / MIB:.0f}",
+            f"{100 * row['error']:+.1f}%", f"{row['seconds']:.2f}",
+        ]), flush=True)  # fmt: skip
     worst = max(abs(row["error"]) for row in rows)
     print(
         f"worst error {100 * worst:.1f}% (goal {100 * goal:.0f}%): {'met' if worst <= goal else 'NOT met'}"
     )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        write_record(args.json, record(__file__, rows))
 
 
 if __name__ == "__main__":
