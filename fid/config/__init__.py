@@ -2,9 +2,11 @@
 
 Paths come from the command line; knobs come from the YAML file given by `--config`, whose keys
 are exactly the fields of the subcommand's dataclass. Defaults live in the dataclasses only.
-The classes live by stage (reader, retrieval, training, data, demo); import them from here.
+The classes live by stage (reader, retriever, bm25, retrieval, training, data, demo); import
+them from here.
 """
 
+from fid.config.bm25 import BM25Config
 from fid.config.data import DownloadConfig, PrepareQuestionsConfig, ReaderListsConfig
 from fid.config.demo import DemoDataConfig, ScaleDataConfig, WorldConfig
 from fid.config.loading import (
@@ -27,15 +29,12 @@ from fid.config.reader import (
     ScorePassagesConfig,
 )
 from fid.config.retrieval import (
-    BM25Config,
     EmbedPassagesConfig,
     EvalRetrievalConfig,
     IndexConfig,
-    InitRetrieverConfig,
     RetrieveConfig,
-    RetrieverTrainConfig,
-    reader_temperature_for,
 )
+from fid.config.retriever import InitRetrieverConfig, RetrieverTrainConfig, reader_temperature_for
 from fid.config.training import TrainingConfig
 
 __all__ = [

@@ -5,7 +5,7 @@ index's passages were. Shared by the single index (fid.retrieval.bm25), its sear
 bm25_shard), so all of them tokenize alike.
 
 By default as Anserini's and Pyserini's BM25: the token pattern `(?u)\\b\\w+\\b`, Lucene's 33
-English stopwords (fid.config.retrieval.LUCENE_STOPWORDS) and Porter stems.
+English stopwords (fid.config.bm25.LUCENE_STOPWORDS) and Porter stems.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from bm25s.tokenization import Tokenizer
 
-from fid.config.retrieval import LUCENE_STOPWORDS
+from fid.config.bm25 import LUCENE_STOPWORDS
 
 
 def _stemmer(name: str | None) -> Any:
