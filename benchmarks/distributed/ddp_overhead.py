@@ -37,6 +37,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks.*` from anywhere
+from benchmarks.harness import record, table_header, table_row, write_record  # noqa: E402
+
 EXIT_PREEMPTED = 75
 BATCH_PER_RANK = 4
 N_PASSAGES = 10
@@ -178,6 +181,7 @@ def main() -> None:
     parser.add_argument("--signals", type=int, default=3, help="SIGUSR1 measurements")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp dir)")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,26 +202,29 @@ def main() -> None:
     print(f"\nTiny reader (d_model 128, 2+2 layers, 4 heads, d_ff 512), {N_PASSAGES} passages, "
           f"{BATCH_PER_RANK} questions per rank, {args.precision}, 1 thread per process, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n")  # fmt: skip
-    print("| run | questions/step | step time (ms) | questions/s | step time vs 1 process |")
-    print("|---|---|---|---|---|")
+    print(table_header(["run", "questions/step", "step time (ms)", "questions/s",
+                        "step time vs 1 process"]))  # fmt: skip
     names = {"single": "1 process", "pair": "2 independent processes (no DDP), each",
              "ddp": "2 gloo DDP ranks"}  # fmt: skip
     for mode, (step_s, measured) in rows.items():
         questions = BATCH_PER_RANK * (2 if mode == "ddp" else 1)
         rate = questions / step_s * (2 if mode == "pair" else 1)
-        print(f"| {names[mode]} | {questions} | {step_s * 1000:.0f} (median over {measured} "
-              f"steps) | {rate:.1f} | x{step_s / one:.2f} |")  # fmt: skip
+        print(table_row([names[mode], questions, f"{step_s * 1000:.0f} (median over {measured} steps)",
+                         f"{rate:.1f}", f"x{step_s / one:.2f}"]))  # fmt: skip
     print(f"\nDDP's own cost (2 ranks vs 2 independent processes on the same cores): "
           f"x{rows['ddp'][0] / pair:.2f} per step")  # fmt: skip
-    print("\n| SIGUSR1 run | step time before (ms) | signal -> step-N written (ms) | "
-          "signal -> exit 75 (ms) |")  # fmt: skip
-    print("|---|---|---|---|")
+    print()
+    print(table_header(["SIGUSR1 run", "step time before (ms)", "signal -> step-N written (ms)",
+                        "signal -> exit 75 (ms)"]))  # fmt: skip
+    keys = ("step_s", "checkpoint_s", "exit_s")
     for i, lat in enumerate(latencies):
-        print(f"| {i + 1} | {lat['step_s'] * 1000:.0f} | {lat['checkpoint_s'] * 1000:.0f} | "
-              f"{lat['exit_s'] * 1000:.0f} |")  # fmt: skip
+        print(table_row([i + 1, *(f"{lat[k] * 1000:.0f}" for k in keys)]))
     median = {k: statistics.median(lat[k] for lat in latencies) for k in latencies[0]}
-    print(f"| median | {median['step_s'] * 1000:.0f} | {median['checkpoint_s'] * 1000:.0f} | "
-          f"{median['exit_s'] * 1000:.0f} |")  # fmt: skip
+    print(table_row(["median", *(f"{median[k] * 1000:.0f}" for k in keys)]))
+    if args.json:
+        steps = {mode: {"median_step_s": step_s, "steps": measured}
+                 for mode, (step_s, measured) in rows.items()}  # fmt: skip
+        write_record(args.json, record(__file__, {"steps": steps, "signals": latencies}))
 
 
 if __name__ == "__main__":
