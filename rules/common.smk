@@ -383,6 +383,12 @@ if not DATA.get("download_on_compute_nodes", False):
 
 
 # ---------------------------------------------------------------- paths
+def caption_text(name):
+    """A report figure's caption (rules/report/<name>.rst): its page shows it above the figure,
+    passed as a param so that an edited caption rewrites the page."""
+    return Path(workflow.basedir, "rules", "report", f"{name}.rst").read_text()
+
+
 def res_path(*parts):
     return Path("results", RUN, *map(str, parts)).as_posix()
 

@@ -10,14 +10,18 @@ OUTPUTS:
     results/{run}/report/{exact_match,retrieval}.{csv,html}                 rule report_tables
     results/{run}/report/system.json  the run's system and its exact match  rule report_tables
     results/{run}/report/flags.{csv,html}  rounds worse than the one before rule report_flags
-    results/{run}/report/{exact_match,retrieval_topk}.png                   rule report_plots
-    results/{run}/report/training_curves.png, training.{csv,html}           rule report_training
+    results/{run}/report/exact_match.png, exact_match_plot.html,             rule report_plots
+        retrieval_topk.{png,html}
+    results/{run}/report/training_curves.{png,html}, training.{csv,html}    rule report_training
     results/{run}/report/runtimes.{csv,html}  time and memory per rule      rule report_runtimes
     results/{run}/report/config.{yaml,html}                                 rule report_config
     results/{run}/iter{i}/reader/eval_fast/{name}/{split}.json   rule eval_reader_fast (each
-        entry of eval_reader_accelerations), results/{run}/report/acceleration.{csv,html,png}
-        rule report_acceleration: speed against exact match, with the paired bootstrap interval
-The report shows every table inline (an HTML page per table; its CSV is a download there).
+        entry of eval_reader_accelerations), results/{run}/report/acceleration.{csv,html,png},
+        acceleration_plot.html  rule report_acceleration: speed against exact match, with the
+        paired bootstrap interval
+The report shows every table inline (an HTML page per table; its CSV is a download there) and
+every figure as a page under its explanation (the PNG beside it), which the report would
+otherwise show only behind an icon.
 """
 
 READER_KEYS = [(i, s) for i in range(K) for s in EVAL_SPLITS]
@@ -27,9 +31,14 @@ TRAINED += [f"iter{i}/{m}" for i in range(K) for m in ("reader", "retriever")]
 REPORT = [
     res_path(f"report/{name}")
     for name in ("exact_match.html", "retrieval.html", "flags.html", "config.html")
-    + ("exact_match.png", "retrieval_topk.png", "training_curves.png", "training.html")
-    + (("acceleration.html", "acceleration.png") if ACCELERATIONS else ())
-    + (("signals.html", "signals.png") if SIGNALS else ())
+    + (
+        "exact_match_plot.html",
+        "retrieval_topk.html",
+        "training_curves.html",
+        "training.html",
+    )
+    + (("acceleration.html", "acceleration_plot.html") if ACCELERATIONS else ())
+    + (("signals.html", "signals_plot.html") if SIGNALS else ())
 ]
 # Written last: the run time of every job that built the rest of the report.
 RUNTIMES = res_path("report/runtimes.html")
@@ -119,8 +128,9 @@ rule report_acceleration:
             caption="report/acceleration.rst",
             labels={"page": "Faster answers (table)"},
         ),
-        plot=report(
-            "results/{run}/report/acceleration.png",
+        plot="results/{run}/report/acceleration.png",
+        plot_page=report(
+            "results/{run}/report/acceleration_plot.html",
             category="1. Reader",
             caption="report/acceleration.rst",
             labels={"page": "Faster answers (plot)"},
@@ -132,6 +142,7 @@ rule report_acceleration:
     params:
         plain=READER_KEYS,
         fast=FAST_KEYS,
+        caption=caption_text("acceleration"),
     script:
         "../workflow_scripts/report_acceleration.py"
 
@@ -243,22 +254,29 @@ rule report_plots:
         exact_match="results/{run}/report/exact_match.csv",
         retrieval="results/{run}/report/retrieval.csv",
     output:
-        exact_match=report(
-            "results/{run}/report/exact_match.png",
+        exact_match="results/{run}/report/exact_match.png",
+        topk="results/{run}/report/retrieval_topk.png",
+        exact_match_page=report(
+            "results/{run}/report/exact_match_plot.html",
             category="1. Reader",
-            caption="report/exact_match.rst",
+            caption="report/exact_match_plot.rst",
             labels={"page": "Exact match (plot)"},
         ),
-        topk=report(
-            "results/{run}/report/retrieval_topk.png",
+        topk_page=report(
+            "results/{run}/report/retrieval_topk.html",
             category="2. Retrieval",
-            caption="report/retrieval.rst",
+            caption="report/retrieval_topk.rst",
             labels={"page": "Retrieval top-k (plot)"},
         ),
     log:
         "logs/report_plots/{run}.log",
     conda:
         "envs/fid.yaml"
+    params:
+        captions={
+            "exact_match": caption_text("exact_match_plot"),
+            "topk": caption_text("retrieval_topk"),
+        },
     script:
         "../workflow_scripts/report_plots.py"
 
@@ -268,8 +286,9 @@ rule report_training:
         models=[res_path(f"{m}/model") for m in TRAINED],
     output:
         table="results/{run}/report/training.csv",
-        curves=report(
-            "results/{run}/report/training_curves.png",
+        curves="results/{run}/report/training_curves.png",
+        curves_page=report(
+            "results/{run}/report/training_curves.html",
             category="3. Training",
             caption="report/training_curves.rst",
             labels={"page": "Training curves"},
@@ -287,6 +306,7 @@ rule report_training:
     params:
         models=TRAINED,
         dev_lists={m: dev_lists(m) for m in TRAINED},
+        caption=caption_text("training_curves"),
     script:
         "../workflow_scripts/report_training.py"
 

@@ -9,7 +9,7 @@ retrieved lists (retrieval.smk).
 OUTPUTS:
     results/{run}/iter{i}-{signal}/scores/{split}.json     rule score_passages_signal
     results/{run}/iter{i}-{signal}/retriever/model/        rule train_retriever_signal
-    results/{run}/report/signals.{csv,html,png}            rule report_signals
+    results/{run}/report/signals.{csv,html,png}, signals_plot.html  rule report_signals
     state/{run}/iter{i}-{signal}/retriever/<key>/          training state (not an output)
 """
 
@@ -62,8 +62,9 @@ rule report_signals:
             caption="report/signals.rst",
             labels={"page": "Distillation signals (table)"},
         ),
-        plot=report(
-            "results/{run}/report/signals.png",
+        plot="results/{run}/report/signals.png",
+        plot_page=report(
+            "results/{run}/report/signals_plot.html",
             category="2. Retrieval",
             caption="report/signals.rst",
             labels={"page": "Distillation signals (plot)"},
@@ -91,5 +92,6 @@ rule report_signals:
             },
         },
         ks=SIGNAL_KS,
+        caption=caption_text("signals"),
     script:
         "../workflow_scripts/report_signals.py"

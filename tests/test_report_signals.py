@@ -36,14 +36,15 @@ def _report(tmp_path: Path, teachers: dict) -> pd.DataFrame:
     (tmp_path / "eval.yaml").write_text("{}\n")
     output = types.SimpleNamespace(table=str(tmp_path / "signals.csv"),
                                    page=str(tmp_path / "signals.html"),
-                                   plot=str(tmp_path / "signals.png"))  # fmt: skip
+                                   plot=str(tmp_path / "signals.png"),
+                                   plot_page=str(tmp_path / "signals_plot.html"))  # fmt: skip
     snakemake = types.SimpleNamespace(
         input=types.SimpleNamespace(
             own=[_lists(tmp_path / "own.json", hits["iter1"])],
             signals=[_lists(tmp_path / f"{name}.json", hits[name]) for name in signals],
             config=str(tmp_path / "eval.yaml"), store=[]),
         params=types.SimpleNamespace(splits=["dev"], own="iter1", signals=signals, ks=[1],
-                                     teachers=teachers),
+                                     teachers=teachers, caption="The *plot*."),
         output=output,
     )  # fmt: skip
     sys.path.insert(0, str(SCRIPTS))

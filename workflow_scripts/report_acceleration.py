@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import pandas as pd
-from report_page import write_page
+from report_page import write_figure_page, write_page
 
 from fid.evaluation.bootstrap import paired_bootstrap_interval
 
@@ -114,3 +114,5 @@ for ax, split in zip(axes[0], splits, strict=True):
     ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(output.plot, dpi=120)
+write_figure_page(output.plot_page, "Faster answers: speed against exact match", params.caption,
+                  output.plot)  # fmt: skip

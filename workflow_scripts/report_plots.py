@@ -1,8 +1,10 @@
 """The report's figures: exact match per round and split (with the baseline) and full-corpus
-top-k accuracy per retriever (training curves: report_training.py)."""
+top-k accuracy per retriever (training curves: report_training.py), each a PNG and a page that
+shows it under its caption."""
 
 import matplotlib
 import pandas as pd
+from report_page import write_figure_page
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
@@ -15,6 +17,8 @@ ax = em.pivot(index="reader", columns="split", values="exact match (%)").plot.ba
 ax.set_xlabel("exact match (%)")
 ax.figure.tight_layout()
 ax.figure.savefig(output.exact_match, dpi=120)
+write_figure_page(output.exact_match_page, "Reader exact match (%)",
+                  params.captions["exact_match"], output.exact_match)  # fmt: skip
 
 topk = pd.read_csv(inputs.retrieval)
 splits = list(dict.fromkeys(topk["split"]))
@@ -28,3 +32,5 @@ for ax, split in zip(axes[0], splits, strict=True):
     ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(output.topk, dpi=120)
+write_figure_page(output.topk_page, "Retrieval top-k accuracy (%)", params.captions["topk"],
+                  output.topk)  # fmt: skip

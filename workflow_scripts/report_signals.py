@@ -5,7 +5,7 @@ the lists each retrieved (`fid.evaluation.retrieval.first_hit_ranks`: eval-retri
 import matplotlib
 import numpy as np
 import pandas as pd
-from report_page import write_page
+from report_page import write_figure_page, write_page
 
 from fid.config import EvalRetrievalConfig, load_config
 from fid.evaluation.bootstrap import paired_bootstrap_interval
@@ -91,3 +91,5 @@ for ax, split in zip(axes[0], params.splits, strict=True):
     ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(output.plot, dpi=120)
+write_figure_page(output.plot_page, "Distillation signals: difference to the round's own teacher",
+                  params.caption, output.plot)  # fmt: skip

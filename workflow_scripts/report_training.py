@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib
 import pandas as pd
 import yaml
-from report_page import write_page
+from report_page import write_figure_page, write_page
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
@@ -55,6 +55,7 @@ for index in range(len(params.models), (ROWS // 2) * COLUMNS):  # a last row not
     grid[row + 1][column].axis("off")
 fig.tight_layout()
 fig.savefig(output.curves, dpi=100)
+write_figure_page(output.curves_page, "Training curves", params.caption, output.curves)
 table = pd.DataFrame(rows)
 table.to_csv(output.table, index=False, float_format="%.4g")
 write_page(output.page, "Training: the dev metric that chose each exported model", [

@@ -9,6 +9,7 @@ up to date (`snakemake` alone has nothing to do): it is rebuilt when asked for b
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import os
@@ -246,8 +247,24 @@ def test_report_shows_its_numbers(tiny_run):
 
     assert Image.open(report / "training_curves.png").size[0] <= 1000
     labels = report_labels(tiny_run / "report.html")
-    assert labels["results/tiny/report/training_curves.png"] == {"page": "Training curves"}
+    assert labels["results/tiny/report/training_curves.html"] == {"page": "Training curves"}
     assert all(label and not label["page"].endswith((".html", ".png")) for label in labels.values())
+    # Issue 46.4: each figure's explanation is on its page, above the figure, not behind the
+    # report's caption icon: every item of the report is a page (none a bare picture), and each
+    # figure page shows its caption's text and embeds its PNG
+    assert set(labels) == set(pages), sorted(set(labels) - set(pages))
+    figures = {"exact_match_plot": ("exact_match_plot", "exact_match.png"),
+               "retrieval_topk": ("retrieval_topk", "retrieval_topk.png"),
+               "training_curves": ("training_curves", "training_curves.png"),
+               "acceleration_plot": ("acceleration", "acceleration.png")}  # fmt: skip
+    for page_name, (caption_name, png) in figures.items():
+        page = pages[f"results/tiny/report/{page_name}.html"]
+        caption = (ROOT / "rules/report" / f"{caption_name}.rst").read_text()
+        first_words = " ".join(re.sub(r"``|\\ |\*", "", caption).split()[:8])
+        shown = " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
+        assert first_words in shown, (page_name, first_words)
+        embedded = base64.b64encode((report / png).read_bytes()).decode()
+        assert f"data:image/png;base64,{embedded}" in page, page_name
 
 
 def test_ask_answers_as_the_report_scored(tiny_run):
