@@ -63,7 +63,7 @@ def test_memory_per_rank_falls_with_the_world_size(tmp_path):
     run = subprocess.run([sys.executable, str(script), "--small", "--json", str(out)],
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["results"]
     assert sorted({(r["world"], r["rank"]) for r in rows}) == [
         (1, 0), (2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (4, 3)
     ]  # fmt: skip

@@ -38,8 +38,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks.*` from anywhere
 
+from benchmarks.harness import (  # noqa: E402
+    MIB,
+    memory_now,
+    memory_peak,
+    record,
+    reset_peak,
+    write_record,
+)
 from fid.config import InitReaderConfig, ReaderTrainConfig  # noqa: E402
 from fid.demo.tiny_models import build_tiny_t5, train_tokenizer  # noqa: E402
 from fid.training import sharding  # noqa: E402
@@ -52,13 +60,6 @@ from fid.training.optim import build_optimizer  # noqa: E402
 from fid.training.reader import build_start_reader  # noqa: E402
 from fid.training.sharded_weights import export_weights_from_shards  # noqa: E402
 from fid.training.step import reduce_scatter_now  # noqa: E402
-
-MB = 2**20
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
 
 
 def _bytes(tensors) -> int:
@@ -101,15 +102,15 @@ class PhasePeaks:
     """Peak RSS above the baseline in each phase: VmHWM is reset as a phase starts."""
 
     def __init__(self):
-        self.baseline_kb = _status_kb("VmRSS")
+        self.baseline = memory_now()
         self.mb: dict[str, float] = {}
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        reset_peak()  # VmHWM := VmRSS
         yield
         dist.barrier()
-        self.mb[name] = (_status_kb("VmHWM") - self.baseline_kb) / 1024
+        self.mb[name] = (memory_peak() - self.baseline) / MIB
 
 
 def _full_bytes(tensors) -> int:
@@ -159,7 +160,7 @@ def _rank(rank: int, world: int, port: int, dims: dict, folder: str, scratch: st
         if world > 1:
             sharding.set_gradient_sync(units, reduce_scatter_now(policy_cfg, last=False))
         reader(ids, mask, labels=labels).loss.backward()  # a first micro-batch of two
-        held[policy] = sharding.held_gradient_bytes(reader, units) / MB
+        held[policy] = sharding.held_gradient_bytes(reader, units) / MIB
         if world > 1:
             sharding.set_gradient_sync(units, True)
             reader(ids, mask, labels=labels).loss.backward()  # the last: reduce-scattered
@@ -192,12 +193,12 @@ def _rank(rank: int, world: int, port: int, dims: dict, folder: str, scratch: st
 
     expected = sharded_total / world + replicated_bytes
     row = dict(
-        world=world, rank=rank, params_mb=params / MB, grads_mb=grads / MB,
-        optimizer_mb=states / MB, expected_params_mb=expected / MB, whole_model_mb=whole / MB,
-        replicated_mb=replicated_bytes / MB, units=len(units), gathered_in_training=train_gathered,
+        world=world, rank=rank, params_mb=params / MIB, grads_mb=grads / MIB,
+        optimizer_mb=states / MIB, expected_params_mb=expected / MIB, whole_model_mb=whole / MIB,
+        replicated_mb=replicated_bytes / MIB, units=len(units), gathered_in_training=train_gathered,
         held_grads_mb_every_micro_batch=held["every_micro_batch"],
         held_grads_mb_last_micro_batch=held["last_micro_batch"],
-        unsharded_units_mb=sharded_total / MB,
+        unsharded_units_mb=sharded_total / MIB,
         gathered_in_eval=eval_gathered, peak_rss_mb=peaks.mb,
         peak_rss_above_baseline_mb=max(peaks.mb.values()),
     )  # fmt: skip
@@ -233,7 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--small", action="store_true", help="d_model 64 (the test's size)")
-    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
     if args.small:
         dims = dict(d_model=64, d_ff=256, d_kv=16, num_heads=4, num_layers=2,
@@ -260,7 +261,7 @@ def main() -> None:
             f"{r['held_grads_mb_last_micro_batch']:8.1f} ({r['unsharded_units_mb']:.1f})"
         )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        write_record(args.json, record(__file__, rows))
 
 
 if __name__ == "__main__":

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
-from fid.training import checkpoint, manifest
-from fid.training.optim import build_optimizer, build_scheduler
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks.*` from anywhere
+
+from benchmarks.harness import record, timed, write_record  # noqa: E402
+from fid.training import checkpoint, manifest  # noqa: E402
+from fid.training.optim import build_optimizer, build_scheduler  # noqa: E402
 
 T5_BASE = dict(
     vocab_size=32128, d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_decoder_layers=12,
@@ -56,17 +59,12 @@ def _drop_cache(folder: Path) -> None:
                 os.close(fd)
 
 
-def _timed(function) -> float:
-    started = time.perf_counter()
-    function()
-    return time.perf_counter() - started
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: TMPDIR)")
     parser.add_argument("--repeats", type=int, default=1, help="writes and verifications to time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -78,14 +76,18 @@ def main() -> None:
         progress = checkpoint.TrainingProgress(step=1)
         writes = []
         for _ in range(args.repeats):
-            writes.append(_timed(lambda: checkpoint.save_checkpoint(
-                state_dir, model, optimizer, scheduler, None, progress, {}, keep_last=1,
-            )))  # fmt: skip
+            with timed() as clock:
+                checkpoint.save_checkpoint(state_dir, model, optimizer, scheduler, None, progress,
+                                           {}, keep_last=1)  # fmt: skip
+            writes.append(clock.wall_s)
         folder = state_dir / "step-1"
         names = manifest.checkpoint_files(folder)
         size_mb = sum((folder / name).stat().st_size for name in names) / 1e6
         write_s = min(writes)
-        seal_s = _timed(lambda: manifest.seal_checkpoint(folder))
+        with timed() as sealing:
+            manifest.seal_checkpoint(folder)
+        seal_s = sealing.wall_s
+        found = {"size_mb": size_mb, "files": names, "write_s": write_s, "seal_s": seal_s}
         print(f"checkpoint: {size_mb:.0f} MB in {len(names)} files ({', '.join(names)})")
         print(f"write (save_checkpoint, {manifest.CHECKSUM} manifest and fsync included): "
               f"{write_s:.2f} s ({size_mb / write_s:.0f} MB/s); of which the manifest "
@@ -98,16 +100,21 @@ def main() -> None:
                 for _ in range(args.repeats):
                     if cache == "cold":
                         _drop_cache(folder)
-                    times.append(_timed(lambda: manifest.verify_checkpoint(folder)))
+                    with timed() as clock:
+                        manifest.verify_checkpoint(folder)
+                    times.append(clock.wall_s)
                 verify_s = min(times)
+                found[f"verify_s_{name}_{cache}"] = verify_s
                 print(f"{name:<9} {cache:<6} {verify_s:>9.2f} {size_mb / verify_s:>7.0f} "
                       f"{verify_s / write_s:>8.2f}")  # fmt: skip
         _drop_cache(folder)
-        load_s = _timed(
-            lambda: checkpoint.load_checkpoint(folder, model, optimizer, scheduler, None)
-        )
+        with timed() as loading:
+            checkpoint.load_checkpoint(folder, model, optimizer, scheduler, None)
+        load_s = found["load_s_cold"] = loading.wall_s
         print(f"\nload (resume without verification, cold): {load_s:.2f} s "
               f"({size_mb / load_s:.0f} MB/s)")  # fmt: skip
+    if args.json:
+        write_record(args.json, record(__file__, found))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks.harness` however this file is run
 SAMPLES = ROOT / "samples"
 
-from benchmarks.harness import Timing, table_header, table_row, timed  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    Timing,
+    record,
+    table_header,
+    table_row,
+    timed,
+    write_record,
+)
 
 # name: EvalReaderConfig acceleration knobs
 OPTIONS = {
@@ -149,7 +156,7 @@ def speed(args) -> None:
         columns = ["setting", "questions/s", "speed-up", f"decoder {unit}/question"]
         print(table_header([*columns, "decoder speed-up"], align="lrrrr"))
         base = None
-        encode_s = []
+        encode_s, rows = [], []
         for name in args.options:
             cfg = EvalReaderConfig(n_passages=args.n, **OPTIONS.get(name, {}))
             # a fine-tuned variant's shape (random weights: its speed is what is measured)
@@ -174,12 +181,16 @@ def speed(args) -> None:
             encode_s.append(encoder)
             total = encoder + decoder
             base = base or (total, decoder)
+            rows.append({"setting": name, "encoder_s": encoder, "decoder_s": decoder,
+                         "questions_per_s": 1 / total})  # fmt: skip
             print(table_row([name, f"{1 / total:.3f}", f"{base[0] / total:.2f}x",
                              f"{decoder:.2f}", f"{base[1] / decoder:.2f}x"]))  # fmt: skip
     print(
         f"\nencoder: {np.mean(encode_s):.2f} {unit} per question (mean of the settings' "
         f"encodings, {min(encode_s):.2f}-{max(encode_s):.2f})"
     )
+    if args.json:
+        write_record(args.json, record(__file__, {"unit": unit, "speed": rows}))
 
 
 def _where(device) -> str:
@@ -237,7 +248,7 @@ def quality(args) -> None:
     columns = ["setting", "EM", "EM difference [95% CI]", "CPU s/question", "speed-up"]
     print(table_header(columns, align="lrrrr"))
     base_em, base_s = None, None
-    points = []
+    points, rows = [], []
     for name, model, knobs in runs:
         em, seconds = _evaluate(model, examples, args.n, knobs, args.batch_size, args.max_new)
         if base_em is None:
@@ -248,8 +259,12 @@ def quality(args) -> None:
         print(table_row([name, f"{100 * em.mean():.1f}", interval, f"{seconds:.3f}",
                          f"{base_s / seconds:.2f}x"]))  # fmt: skip
         points.append((name, base_s / seconds, 100 * em.mean()))
+        rows.append({"setting": name, "em": em.mean(), "em_difference": em.mean() - base_em.mean(),
+                     "interval": [low, high], "cpu_s_per_question": seconds})  # fmt: skip
     if args.plot:
         _pareto_plot(points, args.plot)
+    if args.json:
+        write_record(args.json, record(__file__, {"quality": rows}))
 
 
 def _pareto_plot(points, path: Path) -> None:
@@ -382,6 +397,8 @@ def main() -> None:
     q.add_argument("--options", nargs="+", default=list(OPTIONS))
     q.add_argument("--variant", nargs="*", default=[], help="NAME=MODEL: a fine-tuned reader")
     q.add_argument("--plot", type=Path)
+    for part in (s, q):
+        part.add_argument("--json", type=Path, help="also write the run's record here")
     t = sub.add_parser("train")
     t.add_argument("--workdir", type=Path, default=Path("/tmp/fid_reader_acceleration"))
     t.add_argument("--cores", type=int, default=2)
