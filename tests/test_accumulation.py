@@ -21,7 +21,8 @@ from fid.data.examples import load_examples
 from fid.models.loading import load_reader
 from fid.training.accumulation import accumulate_gradients, loss_weights
 from fid.training.reader import ReaderTask
-from fid.training.retriever import RetrieverTask, distillation_examples
+from fid.training.retriever import RetrieverTask
+from fid.training.retriever_examples import distillation_examples
 
 CPU = torch.device("cpu")
 # Targets of 1 to 6 words: micro-batches of 1 to 4 questions hold 2 to 20 target tokens.

@@ -26,7 +26,7 @@ from fid.models.convert import released_retriever
 from fid.models.reader import FiDReader
 from fid.models.retriever import DualEncoder
 from fid.training.optim import build_optimizer
-from fid.training.retriever import distillation_loss
+from fid.training.retriever_losses import distillation_loss
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 # A fixture folder made by tests/golden/generate.py (its README): the shipped set and a held-out

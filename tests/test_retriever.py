@@ -14,12 +14,9 @@ from fid.demo.files import reader_examples
 from fid.demo.tiny_models import build_tiny_bert, train_bert_tokenizer
 from fid.demo.world import build_world
 from fid.models.retriever import DualEncoder, DualEncoderSpec, load_released_retriever
-from fid.training.retriever import (
-    RetrieverTask,
-    distillation_examples,
-    distillation_loss,
-    emdr2_loss,
-)
+from fid.training.retriever import RetrieverTask
+from fid.training.retriever_examples import distillation_examples
+from fid.training.retriever_losses import distillation_loss, emdr2_loss
 
 SMALL_BERT = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
 

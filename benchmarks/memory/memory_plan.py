@@ -208,7 +208,7 @@ def _build(case: dict, inputs, device):
         return reader, lambda: reader(ids, mask, labels=labels).loss
     from fid.models.retriever import DualEncoder
     from fid.models.retriever_spec import DualEncoderSpec
-    from fid.training.retriever import distillation_loss
+    from fid.training.retriever_losses import distillation_loss
 
     model = DualEncoder(AutoModel.from_config(inputs.config), None, DualEncoderSpec()).to(device)
     model.train()

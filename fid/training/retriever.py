@@ -3,12 +3,13 @@
 Loss (Izacard & Grave 2021, https://arxiv.org/abs/2012.04584): for each question,
 KL(softmax(reader scores / T_r) || softmax(retriever scores / T_q)) over its scored passages,
 optionally with the batch's other passages as extra negatives (teacher probability 0); or, with
-`objective: emdr2`, EMDR2's -log sum_k p_retriever(k | q) p_reader(answer | q, k). Dev metrics
-run over the WHOLE dev set and re-rank each dev question's candidate list (the passages the
-reader scored, not the corpus), in percent: whether the reader's top passage is in the
-retriever's top k of them (candidate_agreement@k) and whether that top k holds an answer
-(candidate_answer_recall@k). Full-corpus top-k accuracy is `fid eval-retrieval`'s, after
-indexing.
+`objective: emdr2`, EMDR2's -log sum_k p_retriever(k | q) p_reader(answer | q, k)
+(fid.training.retriever_losses), over each question's scored passages
+(fid.training.retriever_examples). Dev metrics run over the WHOLE dev set and re-rank each dev
+question's candidate list (the passages the reader scored, not the corpus), in percent: whether
+the reader's top passage is in the retriever's top k of them (candidate_agreement@k) and
+whether that top k holds an answer (candidate_answer_recall@k). Full-corpus top-k accuracy is
+`fid eval-retrieval`'s, after indexing.
 """
 
 from __future__ import annotations
@@ -16,205 +17,28 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from fid.config import ConfigError, RetrieverTrainConfig
-from fid.data.examples import Example, ListExamples, load_examples, without_passages
+from fid.data.examples import load_examples, without_passages
 from fid.data.reader_batches import epoch_batches
 from fid.errors import DataError
-from fid.metrics.has_answer import AnswerMatcher
 from fid.models.folder_checks import check_retriever
 from fid.models.retriever import DualEncoder, DualEncoderSpec, RetrieverTokenizer
 from fid.runtime import distributed
 from fid.runtime.precision import resolve_precision
+from fid.training.retriever_examples import (
+    DistillationExample,
+    LazyDistillation,
+    distillation_examples,
+)
+from fid.training.retriever_losses import distillation_loss, emdr2_loss
 from fid.training.runs import train_and_export
 from fid.training.step_oom_recovery import halve
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class DistillationExample:
-    """A question with the passages the reader scored.
-
-    Attributes:
-        question: the question text.
-        titles, texts: the N scored passages.
-        teacher: (N,) reader scores.
-        has_answer: N flags (None when the question has no answers).
-        id: the question's id in its file (for messages).
-    """
-
-    question: str
-    titles: list[str]
-    texts: list[str]
-    teacher: torch.Tensor
-    has_answer: list[bool] | None
-    id: str = ""
-
-
-def distillation_example(
-    example: Example, n_passages: int, score_key: str, source: str
-) -> DistillationExample:
-    """The scored passages of a question: the `n_passages` with the highest `score_key` (ties
-    in file order), as the original's Dataset sorts by the reader's score and keeps the top
-    n_context."""
-    scored = [c for c in example.ctxs if c.get(score_key) is not None]
-    ctxs = sorted(scored, key=lambda c: -float(c[score_key]))[:n_passages]
-    if not ctxs:
-        raise DataError(
-            f"{source}: question {example.id!r} has no ctx with a '{score_key}' value. "
-            "Hint: run `fid score-passages` on this file first."
-        )
-    flags = None
-    if example.answers:
-        matcher = AnswerMatcher(example.answers)
-        flags = [
-            c["has_answer"] if c.get("has_answer") is not None else matcher.matches(c["text"])
-            for c in ctxs
-        ]
-    return DistillationExample(
-        question=example.question,
-        titles=[c["title"] for c in ctxs],
-        texts=[c["text"] for c in ctxs],
-        teacher=torch.tensor([float(c[score_key]) for c in ctxs]),
-        has_answer=flags,
-        id=example.id,
-    )
-
-
-class LazyDistillation(Sequence[DistillationExample]):
-    """The distillation examples of compact lists, each built (its passages read) when indexed,
-    so a process holds the text of one batch, not of the split."""
-
-    def __init__(self, examples: ListExamples, n_passages: int, score_key: str, source: str):
-        self.examples = examples
-        self.args = (n_passages, score_key, source)
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            return LazyDistillation(self.examples[key], *self.args)
-        return distillation_example(self.examples[key], *self.args)
-
-    def subset(self, indices: Sequence[int]) -> LazyDistillation:
-        """A view of the examples at these indices."""
-        return LazyDistillation(self.examples.subset(indices), *self.args)
-
-
-def distillation_examples(
-    examples: Sequence[Example], n_passages: int, score_key: str, source: str
-) -> Sequence[DistillationExample]:
-    """Every question's `distillation_example`: a list for FiD records, a lazy sequence for
-    compact lists (checked now, from the score column alone).
-
-    Raises:
-        DataError: a question without a `score_key` value (naming it and the file).
-    """
-    if not isinstance(examples, ListExamples):
-        return [distillation_example(e, n_passages, score_key, source) for e in examples]
-    lists = examples.lists
-    column = lists.columns.get(score_key)
-    for q in examples.positions:
-        start, end = lists.offsets[q], lists.offsets[q + 1]
-        if column is None or all(column.get(p) is None for p in range(start, end)):
-            raise DataError(
-                f"{source}: question {lists.fields[q]['id']!r} has no passage with a "
-                f"'{score_key}' value. Hint: run `fid score-passages` on this file first."
-            )
-    return LazyDistillation(examples, n_passages, score_key, source)
-
-
-def distillation_loss(
-    question_embeddings: torch.Tensor,
-    passage_embeddings: torch.Tensor,
-    owner: torch.Tensor,
-    teacher: torch.Tensor,
-    reader_temperature: float,
-    retriever_temperature: float,
-    in_batch_negatives: bool,
-    reduction: str = "batchmean",
-) -> torch.Tensor:
-    """KL(teacher || student) of each question's passage distribution.
-
-    Args:
-        question_embeddings: (B, D).
-        passage_embeddings: (P, D), the batch's passages, question by question.
-        owner: (P,) the question index of each passage.
-        teacher: (P,) reader scores.
-        reduction: "batchmean" sums each question's KL over its passages and averages over
-            the questions; "mean" divides that sum by the number of (question, own passage)
-            pairs instead, as `torch.nn.KLDivLoss()` (reduction 'mean', ÷ B·N) does in the
-            original: N times smaller for N passages per question.
-
-    Returns:
-        A scalar loss.
-    """
-    B = question_embeddings.shape[0]
-    log_student, own = _student_log_probs(
-        question_embeddings, passage_embeddings, owner, retriever_temperature, in_batch_negatives
-    )
-    teacher_logits = (teacher / reader_temperature).float()[None, :].expand(B, -1)
-    target = teacher_logits.masked_fill(~own, float("-inf")).softmax(dim=-1)  # 0 off own
-    # xlogy: 0 * log 0 = 0 where the teacher gives no mass.
-    kl = torch.xlogy(target, target) - target * log_student.masked_fill(~own, 0.0)
-    if reduction == "mean":
-        return kl.sum() / own.sum()
-    return kl.sum(dim=-1).mean()
-
-
-def _student_log_probs(
-    question_embeddings: torch.Tensor,
-    passage_embeddings: torch.Tensor,
-    owner: torch.Tensor,
-    retriever_temperature: float,
-    in_batch_negatives: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, P) log-softmax of the retriever's scores over each question's passages (or the
-    whole batch's, with in-batch negatives), and the (B, P) mask of each question's own."""
-    B, D = question_embeddings.shape
-    # (B, P) student logits in fp32 even under autocast (bf16 rounds |logit| 8-16 to steps of
-    # 0.0625), scaled as in the original: q . p / sqrt(D).
-    with torch.autocast(question_embeddings.device.type, enabled=False):
-        logits = question_embeddings.float() @ passage_embeddings.float().T
-    logits = logits / D**0.5 / retriever_temperature
-    own = owner[None, :] == torch.arange(B, device=owner.device)[:, None]  # (B, P)
-    if not in_batch_negatives:
-        logits = logits.masked_fill(~own, float("-inf"))
-    return logits.float().log_softmax(dim=-1), own
-
-
-def emdr2_loss(
-    question_embeddings: torch.Tensor,
-    passage_embeddings: torch.Tensor,
-    owner: torch.Tensor,
-    answer_log_likelihoods: torch.Tensor,
-    retriever_temperature: float,
-    in_batch_negatives: bool,
-) -> torch.Tensor:
-    """EMDR2 (Sachan et al. 2021; Atlas's formulation): the retrieved passage as a latent
-    variable, -log sum_k p_retriever(k | q) p_reader(a | q, k), averaged over the questions.
-
-    Args:
-        answer_log_likelihoods: (P,) log p(answer | question, passage) of each passage for its
-            own question (PDist's scores); data, so no gradient reaches the reader. With
-            in-batch negatives, other questions' passages take retriever probability mass but
-            add no likelihood.
-
-    Returns:
-        A scalar loss.
-    """
-    log_student, own = _student_log_probs(
-        question_embeddings, passage_embeddings, owner, retriever_temperature, in_batch_negatives
-    )
-    # (B, P) log p_retriever(k | q) + log p_reader(a | q, k), on the question's own passages
-    joint = (log_student + answer_log_likelihoods.float()[None, :]).masked_fill(~own, float("-inf"))
-    return -torch.logsumexp(joint, dim=-1).mean()
 
 
 class RetrieverTask:
