@@ -12,10 +12,15 @@ English stopwords, Porter stems. k1 0.9, b 0.4, bm25s's `lucene` scoring through
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `benchmarks.harness` however this file is run
+
+from benchmarks.harness import record, table_header, table_row, write_record  # noqa: E402
+
 SQUAD = ROOT / "samples" / "squad-open-tiny"
 ANALYSES = {
     "fid 0.1 (\\w\\w+, bm25s en stopwords, no stemmer)": dict(
@@ -39,11 +44,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passages", type=Path, default=SQUAD / "psgs_w100.tsv")
     parser.add_argument("--questions", type=Path, default=SQUAD / "questions.jsonl")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
     questions = load_questions(args.questions)
     print(f"{len(questions)} questions, {args.passages}\n")
-    print("| analysis | " + " | ".join(f"top-{k}" for k in KS) + " |")
-    print("|---|" + "---|" * len(KS))
+    print(table_header(["analysis", *(f"top-{k}" for k in KS)]))
+    rows = []
     for name, knobs in ANALYSES.items():
         cfg = BM25Config(top_k=max(KS), **knobs)
         with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +58,10 @@ def main() -> None:
         accuracy = retrieval_accuracy(
             [q["answers"] for q in questions], [r["ctxs"] for r in records], KS
         )["accuracy"]
-        print(f"| {name} | " + " | ".join(f"{accuracy[str(k)]:.1f}" for k in KS) + " |")
+        rows.append({"analysis": name, "accuracy": {k: accuracy[str(k)] for k in KS}})
+        print(table_row([name, *(f"{accuracy[str(k)]:.1f}" for k in KS)]))
+    if args.json:
+        write_record(args.json, record(__file__, rows))
 
 
 if __name__ == "__main__":

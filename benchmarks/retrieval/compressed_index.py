@@ -87,12 +87,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 # the repository root first: `benchmarks.*` imports however this file is run
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import record, table_header, table_row, timed, write_record
 from benchmarks.retrieval.synthetic_vectors import (
     DPR_PASSAGES,
     SAMPLES,
@@ -258,9 +258,9 @@ def _real_passages() -> tuple[list, int]:
 
     squad = list(iter_passages(SQUAD_PASSAGES))
     passages = squad + list(iter_passages(DPR_PASSAGES))
-    for record in json.loads(BIENCODER.read_text()):
+    for sample in json.loads(BIENCODER.read_text()):
         for key in ("positive_ctxs", "negative_ctxs", "hard_negative_ctxs"):
-            for ctx in record[key]:
+            for ctx in sample[key]:
                 passages.append(Passage(f"b{ctx['passage_id']}", ctx["title"], ctx["text"]))
     seen, unique = set(), []
     for passage in passages:
@@ -338,23 +338,23 @@ def prepare(args):
     )
     print_resemblance(real, queries)
 
-    started = time.perf_counter()
-    sets = np.array(sets)
-    if args.distractors in ("below", "near"):
-        corpus, queries, answers, sets = _honest_corpus(real, queries, answers, sets, args)
-    else:
-        corpus, queries = _draw(real, queries, args.size - len(real), args)
-    shards = args.workdir / "shards"
-    shutil.rmtree(shards, ignore_errors=True)
-    shards.mkdir()
-    bounds = np.linspace(0, args.size, 5).astype(int)
-    prefixes = []
-    for k in range(4):
-        lo, hi = bounds[k], bounds[k + 1]
-        ids = np.arange(lo, hi).astype(f"U{len(str(args.size))}")
-        save_embedding_shard(shards / f"shard{k}", corpus[lo:hi], ids, k, 4, "all-MiniLM-L6-v2")
-        prefixes.append(shards / f"shard{k}")
-    print(f"\nCorpus of {args.size} passages written in {time.perf_counter() - started:.0f} s")
+    with timed() as writing:
+        sets = np.array(sets)
+        if args.distractors in ("below", "near"):
+            corpus, queries, answers, sets = _honest_corpus(real, queries, answers, sets, args)
+        else:
+            corpus, queries = _draw(real, queries, args.size - len(real), args)
+        shards = args.workdir / "shards"
+        shutil.rmtree(shards, ignore_errors=True)
+        shards.mkdir()
+        bounds = np.linspace(0, args.size, 5).astype(int)
+        prefixes = []
+        for k in range(4):
+            lo, hi = bounds[k], bounds[k + 1]
+            ids = np.arange(lo, hi).astype(f"U{len(str(args.size))}")
+            save_embedding_shard(shards / f"shard{k}", corpus[lo:hi], ids, k, 4, "all-MiniLM-L6-v2")
+            prefixes.append(shards / f"shard{k}")
+    print(f"\nCorpus of {args.size} passages written in {writing.wall_s:.0f} s")
     return corpus, queries, answers, sets, prefixes
 
 
@@ -636,9 +636,8 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
         refine_residual=choice.refine_residual,
     )
     gc.collect()
-    started, cpu = time.perf_counter(), time.process_time()
-    built = build_index(cfg, prefixes, folder)
-    build_s, build_cpu = time.perf_counter() - started, time.process_time() - cpu
+    with timed() as building:
+        built = build_index(cfg, prefixes, folder)
     del built
     anon_mb = _load_anon_mb(folder)
     # first, while no process of this one maps the folder's files (mapped pages cannot be
@@ -660,9 +659,8 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
     for knobs, paid_here in zip(choice.knobs, paid, strict=True):
         index.set_search_params(**knobs)
         index.search_rows(queries[:10], K)  # warm-up
-        started, cpu = time.perf_counter(), time.process_time()
-        _, ranked = index.search_rows(queries, K)
-        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        with timed() as search:
+            _, ranked = index.search_rows(queries, K)
         rows = ranked.rows
         recall = (
             None
@@ -682,10 +680,10 @@ def measure(name: str, choice: Choice, args, queries, answers, prefixes, flat_ro
                 "index_mb": file_mb,
                 "anon_mb": anon_mb,
                 "mapped_mb": _mapped_kb("vectors.npy") / 1024,
-                "build_s": build_s,
-                "build_cpu_s": build_cpu,
-                "ms": wall * 1000 / len(queries),
-                "cpu_ms": cpu * 1000 / len(queries),
+                "build_s": building.wall_s,
+                "build_cpu_s": building.cpu_s,
+                "ms": search.wall_s * 1000 / len(queries),
+                "cpu_ms": search.cpu_s * 1000 / len(queries),
                 "hits1": _hits(rows, answers, 1),
                 "hits20": _hits(rows, answers, 20),
                 "hits100": _hits(rows, answers, 100),
@@ -714,14 +712,11 @@ def report(results: list[dict], sets, args) -> None:
     flat_mb = flat["index_mb"]
     dim = args.project or 384
     print(f"\n### Flat's own accuracy ({args.size} passages, d={dim}, {args.distractors})\n")
-    print("| questions | n | top-1 | top-20 | top-100 |")
-    print("|---|---|---|---|---|")
+    print(table_header(["questions", "n", "top-1", "top-20", "top-100"]))
     for label, mask in (("all", np.ones(len(sets), bool)), ("squad", sets == "squad"),
                         ("ict", sets == "ict")):  # fmt: skip
-        print(
-            f"| {label} | {mask.sum()} | {flat['hits1'][mask].mean():.3f} | "
-            f"{flat['hits20'][mask].mean():.3f} | {flat['hits100'][mask].mean():.3f} |"
-        )
+        hits = [f"{flat[f'hits{k}'][mask].mean():.3f}" for k in (1, 20, 100)]
+        print(table_row([label, mask.sum(), *hits]))
     if args.distractors != "synthetic":
         print(
             f"\n{args.distractors}: Flat ranks an answer passage first for "
@@ -732,13 +727,13 @@ def report(results: list[dict], sets, args) -> None:
         f"\n### Compressed indexes vs Flat ({args.size} passages, d={dim}, {len(sets)} questions, "
         f"{args.distractors} distractors, k=100, one thread)\n"
     )
-    print(
-        "| choice | factory | rerank | knobs | index MB (x Flat) | +anon MB at load | "
-        "mapped MB after search | build s wall (CPU) | ms/question wall (CPU) | acc@20 / "
-        "Flat | acc@100 / Flat | Flat's hits kept @20 | kept @100 | compressed hit, Flat "
-        "missed @20 / @100 | Flat hit, compressed missed @20 / @100 | recall@100 |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(table_header([
+        "choice", "factory", "rerank", "knobs", "index MB (x Flat)", "+anon MB at load",
+        "mapped MB after search", "build s wall (CPU)", "ms/question wall (CPU)", "acc@20 / Flat",
+        "acc@100 / Flat", "Flat's hits kept @20", "kept @100",
+        "compressed hit, Flat missed @20 / @100", "Flat hit, compressed missed @20 / @100",
+        "recall@100",
+    ]))  # fmt: skip
     for r in results:
         cells = []
         for k in (20, 100):
@@ -749,15 +744,14 @@ def report(results: list[dict], sets, args) -> None:
             cells.append((ours & exact).sum() / exact.sum())
         recall = "1" if r["choice"] == "flat" else f"{r['recall']:.3f}"
         gained, lost = zip(*(_disagreements(r, flat, k) for k in (20, 100)), strict=True)
-        print(
-            f"| {r['choice']} | `{r['factory']}` | {'yes' if r['rerank'] else 'no'} | "
-            f"{_knob_text(r['knobs'])} | {r['index_mb']:.0f} (1/{flat_mb / r['index_mb']:.1f}) | "
-            f"{r['anon_mb']:.0f} | {r['mapped_mb']:.0f} | {r['build_s']:.0f} "
-            f"({r['build_cpu_s']:.0f}) | {r['ms']:.2f} ({r['cpu_ms']:.2f}) | "
-            + " | ".join(f"{c:.4f}" for c in cells)
-            + f" | {gained[0]} / {gained[1]} | {lost[0]} / {lost[1]} | {recall} |",
-            flush=True,
-        )
+        print(table_row([
+            r["choice"], f"`{r['factory']}`", "yes" if r["rerank"] else "no",
+            _knob_text(r["knobs"]), f"{r['index_mb']:.0f} (1/{flat_mb / r['index_mb']:.1f})",
+            f"{r['anon_mb']:.0f}", f"{r['mapped_mb']:.0f}",
+            f"{r['build_s']:.0f} ({r['build_cpu_s']:.0f})", f"{r['ms']:.2f} ({r['cpu_ms']:.2f})",
+            *(f"{c:.4f}" for c in cells), f"{gained[0]} / {gained[1]}", f"{lost[0]} / {lost[1]}",
+            recall,
+        ]), flush=True)  # fmt: skip
     print(
         "\nindex MB = index.faiss (codes, inverted-list ids, centroids, rotations), with a "
         "refine_residual's codes and quantizers (+res); ids.npy and "
@@ -780,18 +774,16 @@ def repeated_table(results: list[dict], n: int, times: int, dim: int) -> None:
         f"\n### Measured at {times} x {n} passages (each choice's codes repeated; d={dim}, k={K}, "
         "one thread, fresh process)\n"
     )
-    print(
-        "| choice | knobs | RAM held MB | cold, one question: KiB read, ms | warm, one question: "
-        f"ms | warm, batches of {RETRIEVE_BATCH}: ms a question |"
-    )
-    print("|---|---|---|---|---|---|")
+    print(table_header(["choice", "knobs", "RAM held MB", "cold, one question: KiB read, ms",
+                        "warm, one question: ms",
+                        f"warm, batches of {RETRIEVE_BATCH}: ms a question"]))  # fmt: skip
     for r in results:
         if "repeated_held_mb" in r:
-            print(
-                f"| {r['choice']} | {_knob_text(r['knobs'])} | {r['repeated_held_mb']:.0f} | "
-                f"{r['repeated_cold1_kib']:.0f}, {r['repeated_cold1_ms']:.1f} | "
-                f"{r['repeated_warm1_ms']:.2f} | {r['repeated_warmb_ms']:.2f} |"
-            )
+            print(table_row([
+                r["choice"], _knob_text(r["knobs"]), f"{r['repeated_held_mb']:.0f}",
+                f"{r['repeated_cold1_kib']:.0f}, {r['repeated_cold1_ms']:.1f}",
+                f"{r['repeated_warm1_ms']:.2f}", f"{r['repeated_warmb_ms']:.2f}",
+            ]))  # fmt: skip
     print(
         f"\nEach list holds {times} copies of each of its passages' codes and the refinement "
         f"{times} copies of theirs: a search scans and re-scores what one of {times * n} "
@@ -806,23 +798,21 @@ def paid_table(results: list[dict], n: int, dim: int) -> None:
         f"\n### What a search costs a user ({n} passages, d={dim}, k={K}, one thread; fresh "
         "process)\n"
     )
-    print(
-        "| choice | knobs | RAM held MB | page cache resident after a pass MB | cold, one question: "
-        "KiB read, ms | cold, batch of "
-        f"{RETRIEVE_BATCH}: KiB read, ms a question | warm, one question: ms | warm, batches of "
-        f"{RETRIEVE_BATCH}: ms a question | held + resident at 21M x 768 / x 256, GB |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(table_header([
+        "choice", "knobs", "RAM held MB", "page cache resident after a pass MB",
+        "cold, one question: KiB read, ms", f"cold, batch of {RETRIEVE_BATCH}: KiB read, ms a question",
+        "warm, one question: ms", f"warm, batches of {RETRIEVE_BATCH}: ms a question",
+        "held + resident at 21M x 768 / x 256, GB",
+    ]))  # fmt: skip
     n21 = 21_015_324
     for r in results:
         per_passage = (r["held_mb"] + r["resident_mb"]) * 2**20 / n
         at = [per_passage * n21 * d / dim / 1e9 for d in (768, 256)]
-        print(
-            f"| {r['choice']} | {_knob_text(r['knobs'])} | {r['held_mb']:.0f} | "
-            f"{r['resident_mb']:.0f} | {r['cold1_kib']:.0f}, {r['cold1_ms']:.1f} | "
-            f"{r['coldb_kib']:.0f}, {r['coldb_ms']:.2f} | {r['warm1_ms']:.2f} | "
-            f"{r['warmb_ms']:.2f} | {at[0]:.1f} / {at[1]:.1f} |"
-        )
+        print(table_row([
+            r["choice"], _knob_text(r["knobs"]), f"{r['held_mb']:.0f}", f"{r['resident_mb']:.0f}",
+            f"{r['cold1_kib']:.0f}, {r['cold1_ms']:.1f}", f"{r['coldb_kib']:.0f}, {r['coldb_ms']:.2f}",
+            f"{r['warm1_ms']:.2f}", f"{r['warmb_ms']:.2f}", f"{at[0]:.1f} / {at[1]:.1f}",
+        ]))  # fmt: skip
     print(
         "\nRAM held = anonymous memory that loading added (faiss's index: codes, lists, "
         "centroids, refinement codes); resident = pages of the mapped ids.npy and vectors.npy "
@@ -837,9 +827,9 @@ def paid_table(results: list[dict], n: int, dim: int) -> None:
 def extrapolate(results, flat, n: int, dim: int) -> None:
     """Bytes per passage at d=dim, scaled to 21M passages of d=768 and d=256."""
     print("\n### Extrapolated to 21M passages (index.faiss only; ids.npy, vectors.npy mapped)\n")
-    print(f"| choice | factory at {dim} | B/passage at {dim} | 768-d analogue | GB at 21M x 768 | "
-          "x Flat (64.5 GB) | 256-d analogue | GB at 21M x 256 | x Flat (21.5 GB) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(table_header(["choice", f"factory at {dim}", f"B/passage at {dim}", "768-d analogue",
+                        "GB at 21M x 768", "x Flat (64.5 GB)", "256-d analogue", "GB at 21M x 256",
+                        "x Flat (21.5 GB)"]))  # fmt: skip
     n21 = 21_015_324
     seen = set()
     for r in results:
@@ -853,8 +843,8 @@ def extrapolate(results, flat, n: int, dim: int) -> None:
             fixed = NLIST_21M * d * 4 if "IVF" in factory else 0  # coarse centroids
             gb = (n21 * code + fixed) / 1e9
             flat_gb = n21 * d * 4 / 1e9
-            cells.append(f"`{factory}` | {gb:.2f} | 1/{flat_gb / gb:.1f}")
-        print(f"| {r['choice']} | `{r['factory']}` | {per:.0f} | " + " | ".join(cells) + " |")
+            cells += [f"`{factory}`", f"{gb:.2f}", f"1/{flat_gb / gb:.1f}"]
+        print(table_row([r["choice"], f"`{r['factory']}`", f"{per:.0f}", *cells]))
 
 
 def _analogue(factory: str, d: int, base: int = 384) -> tuple[str, float]:
@@ -924,26 +914,26 @@ def main() -> None:
                         "passages (e.g. 21000000: latency and RAM at 21M)")  # fmt: skip
     args = parser.parse_args()
     one_thread()
-    started = time.perf_counter()
-    corpus, queries, answers, sets, prefixes = prepare(args)
-    del corpus
-    choices = _choices(queries.shape[1])
-    names = ["flat"] + [c for c in args.choices if c != "flat"]
-    results, flat_rows = [], None
-    for name in names:
-        print(f"\n... {name}: {choices[name].label}", flush=True)
-        rows = measure(name, choices[name], args, queries, answers, prefixes, flat_rows)
-        if name == "flat":
-            flat_rows = rows[0]["rows"]
-        results.extend(rows)
-        for r in rows:  # as it goes: a long run cut short still shows what it measured
-            kept = [(r[f"hits{k}"] & results[0][f"hits{k}"]).sum() / results[0][f"hits{k}"].sum()
-                    for k in (20, 100)]  # fmt: skip
-            print(f"    {_knob_text(r['knobs'])}: kept @20 / @100 {kept[0]:.4f} / {kept[1]:.4f}, "
-                  f"{r['warm1_ms']:.2f} ms warm (batch 1), {r['held_mb']:.0f} MB held",
-                  flush=True)  # fmt: skip
-    report(results, sets, args)
-    print(f"\nTotal wall time {time.perf_counter() - started:.0f} s")
+    with timed() as total:
+        corpus, queries, answers, sets, prefixes = prepare(args)
+        del corpus
+        choices = _choices(queries.shape[1])
+        names = ["flat"] + [c for c in args.choices if c != "flat"]
+        results, flat_rows = [], None
+        for name in names:
+            print(f"\n... {name}: {choices[name].label}", flush=True)
+            rows = measure(name, choices[name], args, queries, answers, prefixes, flat_rows)
+            if name == "flat":
+                flat_rows = rows[0]["rows"]
+            results.extend(rows)
+            for r in rows:  # as it goes: a long run cut short still shows what it measured
+                kept = [(r[f"hits{k}"] & results[0][f"hits{k}"]).sum() / results[0][f"hits{k}"].sum()
+                        for k in (20, 100)]  # fmt: skip
+                print(f"    {_knob_text(r['knobs'])}: kept @20 / @100 {kept[0]:.4f} / {kept[1]:.4f}, "
+                      f"{r['warm1_ms']:.2f} ms warm (batch 1), {r['held_mb']:.0f} MB held",
+                      flush=True)  # fmt: skip
+        report(results, sets, args)
+    print(f"\nTotal wall time {total.wall_s:.0f} s")
     if args.json:
         flat = results[0]
         keep = [{k: v for k, v in r.items() if k not in ("rows", "hits1", "hits20", "hits100")}
@@ -952,7 +942,7 @@ def main() -> None:
                 | {f"{name}{k}": n for k in (20, 100)
                    for name, n in zip(("gained", "lost"), _disagreements(r, flat, k), strict=True)}
                 for r in results]  # fmt: skip
-        args.json.write_text(json.dumps(keep, indent=2))
+        write_record(args.json, record(__file__, keep))
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ hits all three. Prints a markdown table of wall and CPU seconds, the speedups ov
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 # the repository root first: `benchmarks.*` imports however this file is run
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import record, table_header, table_row, timed, write_record
 from benchmarks.retrieval.synthetic_vectors import (
     DPR_PASSAGES,
     PASSAGE_MAX_TOKENS,
@@ -69,9 +68,9 @@ def part_embed(model, encode, n_passages: int, rounds: int) -> list[dict]:
     passages = [real[i % len(real)] for i in range(n_passages)]
     titles, texts = [p.title for p in passages], [p.text for p in passages]
     lengths = encode.passage_lengths(titles, texts)
-    started = time.perf_counter()
-    encode.passages(titles, texts)
-    tokenize_s = time.perf_counter() - started
+    with timed() as tokenizing:
+        encode.passages(titles, texts)
+    tokenize_s = tokenizing.wall_s
     bounds = [(n_passages * r // rounds, n_passages * (r + 1) // rounds) for r in range(rounds)]
     names = list(EMBED_SETTINGS)
     parts = {name: [] for name in names}
@@ -82,10 +81,10 @@ def part_embed(model, encode, n_passages: int, rounds: int) -> list[dict]:
     for r, (lo, hi) in enumerate(bounds):
         for name in names[r % 3 :] + names[: r % 3]:
             pad_to_max, sort, precision = EMBED_SETTINGS[name]
-            cpu_started = time.process_time()
-            embeddings, seconds = embed(model, encode, passages[lo:hi], pad_to_max, sort, precision)
-            cpu[name] += time.process_time() - cpu_started
-            wall[name] += seconds
+            with timed() as clock:
+                embeddings, _ = embed(model, encode, passages[lo:hi], pad_to_max, sort, precision)
+            cpu[name] += clock.cpu_s
+            wall[name] += clock.wall_s
             parts[name].append(embeddings)
     outputs = {name: np.concatenate(parts[name]) for name in names}
     rows = []
@@ -93,11 +92,8 @@ def part_embed(model, encode, n_passages: int, rounds: int) -> list[dict]:
         f"\n### Passage embedding: {n_passages} passages ({len(real)} real DPR ones cycled), "
         f"batch 64, max 200 tokens, {rounds} interleaved rounds\n"
     )
-    print(
-        "| setting | wall s | CPU s | passages/s (CPU) | speedup vs (a), CPU | speedup vs (a), "
-        "wall | real/processed tokens |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    print(table_header(["setting", "wall s", "CPU s", "passages/s (CPU)", "speedup vs (a), CPU",
+                        "speedup vs (a), wall", "real/processed tokens"]))  # fmt: skip
     for name, (pad_to_max, _, _) in EMBED_SETTINGS.items():
         if pad_to_max:
             processed = n_passages * PASSAGE_MAX_TOKENS
@@ -115,12 +111,10 @@ def part_embed(model, encode, n_passages: int, rounds: int) -> list[dict]:
         )
         row.update(real_tokens=sum(lengths), processed_tokens=processed)
         rows.append(row)
-        print(
-            f"| {name} | {fmt_s(wall[name])} | {fmt_s(cpu[name])} | "
-            f"{row['passages_per_cpu_s']:.1f} | {cpu[names[0]] / cpu[name]:.2f}x | "
-            f"{wall[names[0]] / wall[name]:.2f}x | {sum(lengths)}/{processed} |",
-            flush=True,
-        )
+        print(table_row([name, fmt_s(wall[name]), fmt_s(cpu[name]),
+                         f"{row['passages_per_cpu_s']:.1f}", f"{cpu[names[0]] / cpu[name]:.2f}x",
+                         f"{wall[names[0]] / wall[name]:.2f}x", f"{sum(lengths)}/{processed}"]),
+              flush=True)  # fmt: skip
     a, b, c = (outputs[n].astype(np.float32) for n in names)
     # float16 spacing at each value (values below 2^-8 judged at 2^-8): two fp32 results equal
     # up to ~1e-6 can still round to neighbouring float16 values, i.e. differ by 1 spacing.
@@ -165,14 +159,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--embed-passages", type=int, default=3000)
     parser.add_argument("--embed-rounds", type=int, default=4, help="interleaved slices")
-    parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
-    started = time.perf_counter()
-    model, encode = load_model()
-    rows = part_embed(model, encode, args.embed_passages, args.embed_rounds)
-    print(f"\nTotal wall time {time.perf_counter() - started:.0f} s")
+    with timed() as total:
+        model, encode = load_model()
+        rows = part_embed(model, encode, args.embed_passages, args.embed_rounds)
+    print(f"\nTotal wall time {total.wall_s:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"embed": rows}, indent=2))
+        write_record(args.json, record(__file__, {"embed": rows}))
 
 
 if __name__ == "__main__":

@@ -24,11 +24,19 @@ import math
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 # the repository root first: `benchmarks.*` imports however this file is run
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import (
+    memory_now,
+    peak_memory,
+    record,
+    table_header,
+    table_row,
+    timed,
+    write_record,
+)
 from benchmarks.retrieval.synthetic_vectors import (
     ROOT,
     WORKDIR,
@@ -44,11 +52,6 @@ from benchmarks.retrieval.synthetic_vectors import (
 PQ_M = 48
 # HNSW build time grows like n ** 1.4 on these vectors (18.8 s at 100k vs 1.9 s at 20k).
 HNSW_GROWTH = 1.4
-
-
-def _rss_kb(field: str) -> int:
-    status = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{field}:\s+(\d+) kB", status).group(1))
 
 
 def _nlist(n: int) -> int:
@@ -83,13 +86,9 @@ def index_worker(factory: str, n: int, args) -> dict:
     ids = passage_ids(n)
     gt_path = args.workdir / f"gt_{n}_{args.queries}_{args.k}.npy"
     gc.collect()
-    baseline = _rss_kb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")
-    started, cpu_started = time.perf_counter(), time.process_time()
-    index = build_passage_index(vectors, ids, IndexConfig(factory=factory), model="synthetic")
-    build_s, build_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-    peak_mb = (_rss_kb("VmHWM") - baseline) / 1024
-    held_mb = (_rss_kb("VmRSS") - baseline) / 1024
+    with peak_memory() as peak, timed() as build:
+        index = build_passage_index(vectors, ids, IndexConfig(factory=factory), model="synthetic")
+    held_mb = (memory_now() - peak.start_bytes) / 2**20
     results = []
     for knob, value in _knobs(factory, args.ef_search, args.nprobe):
         if knob == "efSearch":
@@ -97,10 +96,10 @@ def index_worker(factory: str, n: int, args) -> dict:
         elif knob == "nprobe":
             index.set_search_params(nprobe=value)
         index.search(queries[:10], args.k)  # warm-up
-        started, cpu_started = time.perf_counter(), time.process_time()
-        _, found = index.search(queries, args.k)
-        ms = (time.perf_counter() - started) * 1000 / len(queries)
-        cpu_ms = (time.process_time() - cpu_started) * 1000 / len(queries)
+        with timed() as search:
+            _, found = index.search(queries, args.k)
+        ms = search.wall_s * 1000 / len(queries)
+        cpu_ms = search.cpu_s * 1000 / len(queries)
         rows = [np.asarray(f, dtype=np.int64) for f in found]
         if factory == "Flat":
             np.save(gt_path, np.stack(rows))
@@ -115,9 +114,9 @@ def index_worker(factory: str, n: int, args) -> dict:
     return {
         "factory": factory,
         "n": n,
-        "build_s": build_s,
-        "build_cpu_s": build_cpu_s,
-        "peak_mb": peak_mb,
+        "build_s": build.wall_s,
+        "build_cpu_s": build.cpu_s,
+        "peak_mb": peak.above_mb,
         "held_mb": held_mb,
         "search": results,
     }
@@ -141,12 +140,9 @@ def part_index(args, queries, vectors_path: Path) -> list[dict]:
         f"\n### faiss indexes on synthetic vectors (d=384, inner product), {len(queries)} real NQ "
         f"queries, k={args.k}\n"
     )
-    print(
-        "| n | index | build s wall (CPU) | peak MB (build) | held MB | search knob | ms/query "
-        f"wall (CPU), batch {len(queries)} | recall@{args.k} vs Flat | exact top-10 in top-"
-        f"{args.k} |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(table_header(["n", "index", "build s wall (CPU)", "peak MB (build)", "held MB",
+                        "search knob", f"ms/query wall (CPU), batch {len(queries)}",
+                        f"recall@{args.k} vs Flat", f"exact top-10 in top-{args.k}"]))  # fmt: skip
     rows, done = [], {}
     note = (
         "Synthetic vectors drawn to resemble real MiniLM passage embeddings "
@@ -174,35 +170,31 @@ def part_index(args, queries, vectors_path: Path) -> list[dict]:
                     "--queries", str(len(queries)), "--k", str(args.k),
                     "--ef-search", *map(str, args.ef_search), "--nprobe", *map(str, args.nprobe),
                 ]  # fmt: skip
-                started = time.perf_counter()
-                try:
-                    out = subprocess.run(
-                        command, capture_output=True, text=True, cwd=ROOT, timeout=args.max_seconds
-                    )
-                except subprocess.TimeoutExpired:
-                    skip = f"stopped after --max-seconds {args.max_seconds} (build + searches)"
-                else:
-                    if out.returncode != 0:
-                        skip = "failed: " + out.stderr.strip().splitlines()[-1][:150]
-                wall = time.perf_counter() - started
+                with timed() as worker:
+                    try:
+                        out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                                             timeout=args.max_seconds)  # fmt: skip
+                    except subprocess.TimeoutExpired:
+                        skip = f"stopped after --max-seconds {args.max_seconds} (build + searches)"
+                    else:
+                        if out.returncode != 0:
+                            skip = "failed: " + out.stderr.strip().splitlines()[-1][:150]
             if skip is not None:
                 rows.append({"factory": factory, "n": n, "note": skip})
-                print(f"| {n} | {factory} | - | - | - | - | - | {skip} | - |", flush=True)
+                print(table_row([n, factory, "-", "-", "-", "-", "-", skip, "-"]), flush=True)
                 continue
             row = json.loads(out.stdout.strip().splitlines()[-1])
-            row["wall_s"] = wall
+            row["wall_s"] = worker.wall_s
             rows.append(row)
             done[family] = (n, row["build_s"])
             for result in row["search"]:
                 knob = f"{result['knob']} {result['value']}" if result["knob"] else "exact"
-                print(
-                    f"| {n} | {factory} | "
-                    f"{fmt_s(row['build_s'])} ({fmt_s(row['build_cpu_s'])}) | "
-                    f"{row['peak_mb']:.0f} | {row['held_mb']:.0f} | {knob} | "
-                    f"{result['ms_per_query']:.3f} ({result['cpu_ms_per_query']:.3f}) | "
-                    f"{result['recall']:.4f} | {result['top10_in_topk']:.4f} |",
-                    flush=True,
-                )
+                print(table_row([
+                    n, factory, f"{fmt_s(row['build_s'])} ({fmt_s(row['build_cpu_s'])})",
+                    f"{row['peak_mb']:.0f}", f"{row['held_mb']:.0f}", knob,
+                    f"{result['ms_per_query']:.3f} ({result['cpu_ms_per_query']:.3f})",
+                    f"{result['recall']:.4f}", f"{result['top10_in_topk']:.4f}",
+                ]), flush=True)  # fmt: skip
     print(f"\n{note}")
     return rows
 
@@ -219,7 +211,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=100)
     parser.add_argument("--max-seconds", type=int, default=300, help="time box per index setting")
     parser.add_argument("--workdir", type=Path, default=WORKDIR)
-    parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     parser.add_argument("--index-worker", nargs=2, metavar=("FACTORY", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--vectors-n", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -227,17 +219,17 @@ def main() -> None:
         print(json.dumps(index_worker(args.index_worker[0], int(args.index_worker[1]), args)))
         return
 
-    started = time.perf_counter()
-    model, encode = load_model()
-    args.vectors_n = max(args.sizes)
-    real, queries, vectors_path = prepare_data(
-        model, encode, args.workdir, args.vectors_n, args.queries
-    )
-    print_resemblance(real, queries)
-    rows = part_index(args, queries, vectors_path)
-    print(f"\nTotal wall time {time.perf_counter() - started:.0f} s")
+    with timed() as total:
+        model, encode = load_model()
+        args.vectors_n = max(args.sizes)
+        real, queries, vectors_path = prepare_data(
+            model, encode, args.workdir, args.vectors_n, args.queries
+        )
+        print_resemblance(real, queries)
+        rows = part_index(args, queries, vectors_path)
+    print(f"\nTotal wall time {total.wall_s:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"index": rows}, indent=2))
+        write_record(args.json, record(__file__, {"index": rows}))
 
 
 if __name__ == "__main__":

@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import csv
-import json
 import pstats
 import statistics
 import sys
-import time
 from pathlib import Path
 
 # the repository root first: `benchmarks.*` imports however this file is run
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.harness import Timing, record, table_header, table_row, timed, write_record
 from benchmarks.retrieval.synthetic_vectors import (
     DPR_PASSAGES,
     NQ_QUESTIONS,
@@ -68,17 +67,9 @@ def _profile_table(profile: cProfile.Profile, top: int) -> list[str]:
     return lines
 
 
-class _Clock:
-    """Wall and CPU seconds of a step, stored in `times[key]` as (wall, cpu)."""
-
-    def __init__(self, times: dict, key: str):
-        self.times, self.key = times, key
-
-    def __enter__(self):
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-
-    def __exit__(self, *exc):
-        self.times[self.key] = (time.perf_counter() - self.wall, time.process_time() - self.cpu)
+def _seconds(times: dict[str, Timing]) -> dict[str, tuple[float, float]]:
+    """Each step's (wall, CPU) seconds."""
+    return {key: (timing.wall_s, timing.cpu_s) for key, timing in times.items()}
 
 
 def pipeline_case(model, encode, name, index, passages_path, questions, repeats) -> dict:
@@ -97,36 +88,36 @@ def pipeline_case(model, encode, name, index, passages_path, questions, repeats)
 
     def raw():
         times = {}
-        with _Clock(times, "encode"):
+        with timed() as times["encode"]:
             vectors = encode_questions(model, encode, texts, cfg.batch_size, device, cfg.precision)
-        with _Clock(times, "raw_search"):
+        with timed() as times["raw_search"]:
             index.index.search(vectors, k)
         threshold = faiss.cvar.distance_compute_blas_threshold
         faiss.cvar.distance_compute_blas_threshold = 0  # force the BLAS kernel (Flat only)
         try:
-            with _Clock(times, "raw_search_blas"):
+            with timed() as times["raw_search_blas"]:
                 index.index.search(vectors, k)
         finally:
             faiss.cvar.distance_compute_blas_threshold = threshold
-        return times
+        return _seconds(times)
 
     def steps():
         times = {}
-        with _Clock(times, "step_encode"):
+        with timed() as times["step_encode"]:
             vectors = encode_questions(model, encode, texts, cfg.batch_size, device, cfg.precision)
-        with _Clock(times, "step_search"):
+        with timed() as times["step_search"]:
             scores, ranked = index.search(vectors, cfg.top_k)
-        with _Clock(times, "step_fetch"):
+        with timed() as times["step_fetch"]:
             passages = fetch_passages(passages_path, {i for ids in ranked for i in ids})
-        with _Clock(times, "step_records"):
+        with timed() as times["step_records"]:
             retrieval_records(questions, ranked, scores, passages, cfg.has_answer_mode)
-        return times
+        return _seconds(times)
 
     def full():
         times = {}
-        with _Clock(times, "retrieve"):
+        with timed() as times["retrieve"]:
             rank_dense(model, encode, index, passages_path, questions, cfg, device)
-        return times
+        return _seconds(times)
 
     raw(), full()  # warm-up (the has-answer tokenizer pattern is built on first use, ~0.5 s)
     runs = [raw() | full() | steps() for _ in range(repeats)]
@@ -194,31 +185,26 @@ def part_pipeline(model, encode, args, real, vectors_path: Path) -> list[dict]:
         f"\n### retrieve() vs encode + raw faiss search (Flat, k=100, median of {args.repeats}; "
         "seconds as wall / CPU)\n"
     )
-    print(
-        "| case | passages (file MB) | questions | encode | raw search | (i) encode + raw "
-        "search | (ii) retrieve | (ii)/(i) wall | (ii)/(i) CPU |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(table_header(["case", "passages (file MB)", "questions", "encode", "raw search",
+                        "(i) encode + raw search", "(ii) retrieve", "(ii)/(i) wall",
+                        "(ii)/(i) CPU"]))  # fmt: skip
 
     def pair(value):
         return f"{value[0]:.3f} / {value[1]:.3f}"
 
     for row in rows:
         verdict = "ok" if row["ratio_cpu"] <= 1.2 else "> 1.2"
-        print(
-            f"| {row['case']} | {row['passages']} ({row['passage_file_mb']:.1f}) | "
-            f"{row['questions']} | {pair(row['encode'])} | {pair(row['raw_search'])} | "
-            f"{row['i_wall']:.3f} / {row['i_cpu']:.3f} | {pair(row['retrieve'])} | "
-            f"{row['ratio_wall']:.2f} | {row['ratio_cpu']:.2f} ({verdict}) |"
-        )
+        print(table_row([
+            row["case"], f"{row['passages']} ({row['passage_file_mb']:.1f})", row["questions"],
+            pair(row["encode"]), pair(row["raw_search"]), f"{row['i_wall']:.3f} / {row['i_cpu']:.3f}",
+            pair(row["retrieve"]), f"{row['ratio_wall']:.2f}", f"{row['ratio_cpu']:.2f} ({verdict})",
+        ]))  # fmt: skip
     print("\nThe steps of retrieve(), timed one by one (median, CPU seconds):\n")
-    print("| case | encode_questions | PassageIndex.search | fetch_passages | retrieval_records |")
-    print("|---|---|---|---|---|")
+    steps = ["step_encode", "step_search", "step_fetch", "step_records"]
+    print(table_header(["case", "encode_questions", "PassageIndex.search", "fetch_passages",
+                        "retrieval_records"]))  # fmt: skip
     for row in rows:
-        print(
-            f"| {row['case']} | {row['step_encode'][1]:.3f} | {row['step_search'][1]:.3f} | "
-            f"{row['step_fetch'][1]:.3f} | {row['step_records'][1]:.3f} |"
-        )
+        print(table_row([row["case"], *(f"{row[step][1]:.3f}" for step in steps)]))
     print()
     for row in rows:
         print(
@@ -239,18 +225,18 @@ def main() -> None:
     parser.add_argument("--pipeline-questions", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3, help="pipeline timings (median)")
     parser.add_argument("--workdir", type=Path, default=WORKDIR)
-    parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
-    started = time.perf_counter()
-    model, encode = load_model()
-    real, queries, vectors_path = prepare_data(
-        model, encode, args.workdir, args.pipeline_size, RESEMBLANCE_QUERIES
-    )
-    print_resemblance(real, queries)
-    rows = part_pipeline(model, encode, args, real, vectors_path)
-    print(f"\nTotal wall time {time.perf_counter() - started:.0f} s")
+    with timed() as total:
+        model, encode = load_model()
+        real, queries, vectors_path = prepare_data(
+            model, encode, args.workdir, args.pipeline_size, RESEMBLANCE_QUERIES
+        )
+        print_resemblance(real, queries)
+        rows = part_pipeline(model, encode, args, real, vectors_path)
+    print(f"\nTotal wall time {total.wall_s:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"pipeline": rows}, indent=2))
+        write_record(args.json, record(__file__, {"pipeline": rows}))
 
 
 if __name__ == "__main__":

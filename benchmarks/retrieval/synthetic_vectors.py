@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from pathlib import Path
+
+from benchmarks.harness import table_header, table_row, timed
 
 # One thread everywhere (set before numpy, torch, faiss or a tokenizer are imported).
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS"):
@@ -81,9 +82,9 @@ def embed(model, encode, passages, pad_to_max=False, sort=True, precision="fp32"
         pad_to_max_length=pad_to_max,
         precision=precision,
     )
-    started = time.perf_counter()
-    embeddings, _ = passage_embeddings(model, encode, iter(passages), cfg, torch.device("cpu"))
-    return embeddings, time.perf_counter() - started
+    with timed() as clock:
+        embeddings, _ = passage_embeddings(model, encode, iter(passages), cfg, torch.device("cpu"))
+    return embeddings, clock.wall_s
 
 
 def embed_questions(model, encode, texts):
@@ -168,11 +169,11 @@ def prepare_data(model, encode, workdir: Path, n_max: int, n_queries: int):
         stale.unlink()
     vectors_path = workdir / f"vectors_{n_max}.npy"
     if n_max:
-        started = time.perf_counter()
-        vectors, anchors = synthesize(real, n_max)
-        np.save(vectors_path, vectors)
-        np.save(workdir / f"anchors_{n_max}.npy", anchors)
-        print(f"\nSynthesized {n_max} vectors in {time.perf_counter() - started:.1f} s")
+        with timed() as clock:
+            vectors, anchors = synthesize(real, n_max)
+            np.save(vectors_path, vectors)
+            np.save(workdir / f"anchors_{n_max}.npy", anchors)
+        print(f"\nSynthesized {n_max} vectors in {clock.wall_s:.1f} s")
         del vectors
     return real, queries, vectors_path
 
@@ -200,17 +201,12 @@ def _stats(vectors, queries) -> dict:
 def print_resemblance(real, queries) -> None:
     synthetic, _ = synthesize(real, len(real))
     print(f"\n### Real passage embeddings vs {len(real)} synthetic vectors (same count)\n")
-    print(
-        "| set | norm | mean pair cosine | mean nearest-neighbour cosine | PCA variance top "
-        "10/50/100 | query top-1 score | query 10th score |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    print(table_header(["set", "norm", "mean pair cosine", "mean nearest-neighbour cosine",
+                        "PCA variance top 10/50/100", "query top-1 score", "query 10th score"]))  # fmt: skip
     for name, vectors in (("real MiniLM", real), ("synthetic", synthetic)):
         s = _stats(vectors, queries)
-        print(
-            f"| {name} | {s['norm']} | {s['pair_cos']} | {s['nn_cos']} | {s['pca']} | "
-            f"{s['q_top1']} | {s['q_top10']} |"
-        )
+        print(table_row([name, s["norm"], s["pair_cos"], s["nn_cos"], s["pca"], s["q_top1"],
+                         s["q_top10"]]))  # fmt: skip
     print(
         f"(queries: {len(queries)} NQ questions, root-mean-square norm "
         f"{float((queries**2).sum(1).mean()) ** 0.5:.2f})"

@@ -16,6 +16,7 @@ most frequent top-1 first for 19%).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +24,10 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `benchmarks.harness` however this file is run
+
+from benchmarks.harness import record, table_header, table_row, write_record  # noqa: E402
+
 SQUAD = ROOT / "samples" / "squad-open-tiny"
 KS = (1, 5, 20)
 
@@ -49,6 +54,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="default: the shipped all-MiniLM-L6-v2")
     parser.add_argument("--passages", type=Path, default=SQUAD / "psgs_w100.tsv")
     parser.add_argument("--questions", type=Path, default=SQUAD / "questions.jsonl")
+    parser.add_argument("--json", type=Path, help="also write the run's record here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.model is None:
@@ -64,8 +70,8 @@ def main() -> None:
         "as its sentence-transformers folder says: plain text, cosine": None,
     }
     print(f"{len(questions)} questions, {len(passages)} passages, {args.model}\n")
-    print("| used | " + " | ".join(f"top-{k}" for k in KS) + " | largest top-1 share |")
-    print("|---|" + "---|" * (len(KS) + 1))
+    print(table_header(["used", *(f"top-{k}" for k in KS), "largest top-1 share"]))
+    found = []
     for name, spec in rows.items():
         if spec is None:
             model, tokenizer = DualEncoder.from_pretrained(args.model)
@@ -83,9 +89,12 @@ def main() -> None:
         top = [100 * np.mean(hits[np.arange(len(q))[:, None], order[:, :k]].any(1)) for k in KS]
         hub, count = Counter(order[:, 0].tolist()).most_common(1)[0]
         words, answers = len(passages[hub].text.split()), 100 * hits[:, hub].mean()
-        print(f"| {name} | " + " | ".join(f"{t:.1f}" for t in top)
-              + f" | {100 * count / len(q):.1f}% ({words} words, holds {answers:.1f}% of the"
-              " answers) |")  # fmt: skip
+        found.append(dict(used=name, accuracy=dict(zip(KS, top, strict=True)),
+                          top1_share=count / len(q), hub_words=words, hub_answers=answers / 100))  # fmt: skip
+        hub = f"{100 * count / len(q):.1f}% ({words} words, holds {answers:.1f}% of the answers)"
+        print(table_row([name, *(f"{t:.1f}" for t in top), hub]))
+    if args.json:
+        write_record(args.json, record(__file__, found))
 
 
 if __name__ == "__main__":
