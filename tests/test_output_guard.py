@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import write_json
 
-from fid.cli import commands, main
+from fid.cli import main
 from fid.cli.parser import build_parser
 from fid.runtime.output_guard import MARKER_SUFFIX
 
@@ -41,8 +42,10 @@ def _outputs_of(name: str) -> dict[str, tuple[str, ...]]:
     return SUBCOMMANDS[name]._defaults["outputs"]
 
 
-def _handler_name(name: str) -> str:
-    return SUBCOMMANDS[name]._defaults["func"].__name__
+def _handler(name: str) -> tuple[object, str]:
+    """(the module that defines a subcommand's handler, the handler's name)."""
+    func = SUBCOMMANDS[name]._defaults["func"]
+    return sys.modules[func.__module__], func.__name__
 
 
 class Call:
@@ -120,7 +123,7 @@ def recorder(monkeypatch):
         return handler
 
     for name in SUBCOMMANDS:
-        monkeypatch.setattr(commands, _handler_name(name), make(name))
+        monkeypatch.setattr(*_handler(name), make(name))
     return calls
 
 

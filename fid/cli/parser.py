@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fid.cli import commands
+from fid.cli import commands, plan_commands
 from fid.cli.paths import SHARD_SUFFIXES
 
 # What each command writes: output flag -> the suffixes of its files (() a file or a folder at
@@ -366,7 +366,7 @@ answers with fid ask --json's record, each passage with its "attention", and "se
 
     c = add(
         "plan-memory",
-        commands.plan_memory,
+        plan_commands.plan_memory,
         "Predict a command's peak memory per rank from its --config and the model's "
         "config.json (no weights are read): a training step, or an inference batch "
         "(eval-reader, score-passages, embed-passages); with --gpu-memory, whether it fits and "
@@ -386,7 +386,7 @@ answers with fid ask --json's record, each passage with its "attention", and "se
 
     c = add(
         "plan-disk",
-        commands.plan_disk,
+        plan_commands.plan_disk,
         "What one command will write to disk, from its --config and its inputs (the formulas "
         "of the workflow's disk plan, docs/disk.md), against the free space where "
         "it writes. Exit 1 when it does not fit.",
