@@ -2,7 +2,8 @@
 
 A run answers as the report scored it: the system it built (fid.evaluation.run_system: the last
 round's reader and the retriever and index whose lists that reader was scored on) encodes the
-question and searches the index (fid.retrieval.dense), and the reader generates the answer
+question and searches the index (fid.retrieval.dense; BM25's index, fid.retrieval.bm25_searcher,
+where the reader was scored on BM25's lists: round 0), and the reader generates the answer
 from the top passages (fid.inference.generation), with the run's own knobs
 (fid.evaluation.run_folder finds them). Models, index and passages are loaded once; a question
 then costs one encoding, one search, a passage lookup and one generation: 0.03 s on the tiny
@@ -31,7 +32,7 @@ from typing import TextIO
 
 import torch
 
-from fid.config import EvalReaderConfig, RetrieveConfig, load_config
+from fid.config import BM25Config, EvalReaderConfig, RetrieveConfig, load_config
 from fid.data.examples import Example
 from fid.data.passage_store import open_store
 from fid.data.passages import fetch_passages
@@ -41,6 +42,7 @@ from fid.inference.batching import reader_and_collator
 from fid.inference.generation import generate_answers
 from fid.models.loading import load_retriever
 from fid.models.settings import ReaderSettings
+from fid.retrieval.bm25_searcher import BM25Searcher
 from fid.retrieval.dense import search_dense, set_search_knobs
 from fid.retrieval.index import PassageIndex
 from fid.retrieval.index_sources import check_index_sources
@@ -151,15 +153,20 @@ class AskSystem:
                 "passage store) the index was built from"
             )
         self.lookup = _passage_lookup(paths.passages)
-        self.retriever, self.encode = load_retriever(
-            paths.retriever, search.question_max_tokens, None, device,
-            override=search.override_model_settings,
-        )  # fmt: skip
-        self.index = PassageIndex.load(paths.index, expected_dim=self.retriever.dim)
-        check_index_sources(self.index, paths.index, paths.retriever, paths.passages)
-        set_search_knobs(self.index, search)
-        width = self.retriever.question_encoder.config.hidden_size
-        self.search = _resolved(search, device, width)
+        self.bm25 = self.retriever = None
+        if paths.bm25:
+            self.bm25 = BM25Searcher(list(paths.bm25), load_config(paths.bm25_config, BM25Config))
+            self.search = search
+        else:
+            self.retriever, self.encode = load_retriever(
+                paths.retriever, search.question_max_tokens, None, device,
+                override=search.override_model_settings,
+            )  # fmt: skip
+            self.index = PassageIndex.load(paths.index, expected_dim=self.retriever.dim)
+            check_index_sources(self.index, paths.index, paths.retriever, paths.passages)
+            set_search_knobs(self.index, search)
+            width = self.retriever.question_encoder.config.hidden_size
+            self.search = _resolved(search, device, width)
         self.reader, self.tokenizer, self.collator = reader_and_collator(cfg, paths.reader, device)
         self.cfg = _resolved(cfg, device, self.reader.t5.config.d_model)
         self.device = device
@@ -167,7 +174,8 @@ class AskSystem:
         logger.info(
             "loaded in %.1f s: reader %s, retriever %s, index %s, passages %s; each question "
             "reads its top %d passages", time.perf_counter() - started, paths.reader,
-            paths.retriever, paths.index, paths.passages, self.cfg.n_passages,
+            paths.retriever or "none (BM25)", paths.index or ", ".join(map(str, paths.bm25)),
+            paths.passages, self.cfg.n_passages,
         )  # fmt: skip
         if paths.system is not None and not _replaced(paths):
             logger.info("the run's system (the report's headline scores it): %s",
@@ -205,9 +213,13 @@ class AskSystem:
         asked = {"id": str(number - 1), "question": text}
         cfg = self.cfg
         with _quiet(_CHATTY):
-            scores, ranked = search_dense(
-                self.retriever, self.encode, self.index, [asked], self.search, self.device
-            )
+            if self.bm25 is not None:
+                ids, found = self.bm25.search(text, self.search.top_k)
+                scores, ranked = [found], [ids]
+            else:
+                scores, ranked = search_dense(
+                    self.retriever, self.encode, self.index, [asked], self.search, self.device
+                )
             scores, ranked = [scores[0][: cfg.n_passages]], [ranked[0][: cfg.n_passages]]
             record = retrieval_records([asked], ranked, scores, self.lookup(ranked[0]))[0]
             example = Example(record["id"], record["question"], [], None, record["ctxs"], record)

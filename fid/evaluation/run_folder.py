@@ -3,8 +3,11 @@
 iter{i}/reader/model/      round i's reader (fid_reader.json records its settings)
 iter{i}/retriever/model/   round i's retriever, distilled from that reader
 iter{i}/index/             the faiss index of that retriever's passage embeddings
+bm25/index/                BM25's index (bm25/shards/<k>/index/: its shards), which round 0's
+                           reader reads with first_retrieval: bm25
 config/eval_reader.yaml    the generation knobs (n_passages, max_new_tokens, ...)
 config/retrieve.yaml       the search knobs (nprobe, ef_search, shortlist, lengths)
+config/bm25.yaml           BM25's knobs (k1, b, method, analysis: what its index was built with)
 passages/store/            compact runs: the passage store; else the passage TSV,
                            data/demo/world/passages.tsv, data/scale/psgs_w100.tsv, or
                            `data.passages` of report/config.yaml (relative to the folder
@@ -35,15 +38,19 @@ RUN_PASSAGES = ("passages/store", "data/demo/world/passages.tsv", "data/scale/ps
 @dataclass(frozen=True)
 class RunPaths:
     """A round's models, index and passages; the configs are None where defaults apply.
-    `system`: the run's system they come from (None: every path given, no run)."""
+    `system`: the run's system they come from (None: every path given, no run). A system that
+    reads BM25's lists has no retriever and index but `bm25`: the index folders (one, or the
+    shards of a sharded index), with their config `bm25_config`."""
 
     reader: Path
-    retriever: Path
-    index: Path
+    retriever: Path | None
+    index: Path | None
     passages: Path
     eval_config: Path | None = None
     retrieve_config: Path | None = None
     system: RunSystem | None = None
+    bm25: tuple[Path, ...] = ()
+    bm25_config: Path | None = None
 
 
 def run_paths(run: Path | None, round_: int | None, **given: Path | None) -> RunPaths:
@@ -76,13 +83,15 @@ def run_paths(run: Path | None, round_: int | None, **given: Path | None) -> Run
             )
         return RunPaths(**given)
     system = run_system(run, round_)
-    if system.retriever is None and (given["retriever"] is None or given["index"] is None):
+    dense_given = given["retriever"] is not None and given["index"] is not None
+    bm25 = _bm25_indexes(system.run) if system.source == "bm25" and not dense_given else ()
+    if system.retriever is None and not dense_given and not bm25:
         raise DataError(
             f"{system.reader}: round {system.round}'s reader was scored on the lists of "
-            f"{system.source}, which fid ask cannot search (it answers through a dense "
-            "retriever and index of the run). Hint: give --retriever and --index (e.g. "
-            f"{system.run / f'iter{system.round}'}'s) to ask it with those; the report did not "
-            "score that pair"
+            f"{system.source}, which fid ask cannot search (it answers through BM25's index "
+            f"({system.run / 'bm25/index'}) or a dense retriever and index of the run). Hint: "
+            f"give --retriever and --index (e.g. {system.run / f'iter{system.round}'}'s) to ask "
+            "it with those; the report did not score that pair"
         )
     replaced = [f"--{name}" for name in ("reader", "retriever", "index") if given[name]]
     if replaced:
@@ -92,11 +101,27 @@ def run_paths(run: Path | None, round_: int | None, **given: Path | None) -> Run
         )  # fmt: skip
     found = {"reader": system.reader, "retriever": system.retriever, "index": system.index}
     paths = {name: given[name] or found[name] for name in found}
-    configs = (system.run / "config" / f"{stage}.yaml" for stage in ("eval_reader", "retrieve"))
-    eval_config, retrieve_config = (path if path.is_file() else None for path in configs)
+    configs = (
+        system.run / "config" / f"{stage}.yaml" for stage in ("eval_reader", "retrieve", "bm25")
+    )
+    eval_config, retrieve_config, bm25_config = (
+        path if path.is_file() else None for path in configs
+    )
     passages = given["passages"] or _run_passages(system.run)
     return RunPaths(**paths, passages=passages, eval_config=eval_config,
-                    retrieve_config=retrieve_config, system=system)  # fmt: skip
+                    retrieve_config=retrieve_config, system=system, bm25=bm25,
+                    bm25_config=bm25_config if bm25 else None)  # fmt: skip
+
+
+def _bm25_indexes(run: Path) -> tuple[Path, ...]:
+    """The run's BM25 index: bm25/index, or the shards bm25/shards/<k>/index in shard order;
+    () when it has none."""
+    if (run / "bm25" / "index").is_dir():
+        return (run / "bm25" / "index",)
+    shards = [path for path in (run / "bm25" / "shards").glob("*/index") if path.is_dir()]
+    return tuple(
+        sorted(shards, key=lambda path: int(path.parent.name) if path.parent.name.isdigit() else 0)
+    )
 
 
 def _run_passages(run: Path) -> Path:
