@@ -5,6 +5,7 @@ OUTPUTS: none (no rules here): STAGES, path functions, per-rule resources and la
 the input functions of the training rules, for rules/*.smk.
 """
 
+import dataclasses
 import json
 import logging
 import re
@@ -67,10 +68,14 @@ SCALE = DATA["source"] == "scale"
 COMPACT = config.get("list_format", "fid_json") == "compact"
 PRETRAINED, COMPARE = config.get("pretrained") or {}, config.get("compare") or []
 FIRST, EVAL_SPLITS = config["first_retrieval"], config["eval_splits"]
-# Teacher signals compared in the last round, by name: each is a retrieval source of its own,
-# iter{K-1}-{name}, with its scores and retriever under results/{run}/{source}/ (rules/signals.smk)
+# Teacher signals compared in the last round, by name (rules/signals.smk): each scores once,
+# results/{run}/iter{K-1}-{name}/scores/, and trains a retriever per seed of distillation_seeds
+# (its retriever seed + 0, 1, ...), a retrieval source each: iter{K-1}-{name}-seed{s}
 SIGNALS, SIGNAL_ROUND = config.get("distillation_signals") or {}, K - 1
-SIGNAL_SOURCES = {f"iter{SIGNAL_ROUND}-{name}": name for name in SIGNALS}
+SIGNAL_SEEDS = range(config.get("distillation_seeds", 3))
+SIGNAL_SOURCES = {
+    f"iter{SIGNAL_ROUND}-{name}-seed{s}": name for name in SIGNALS for s in SIGNAL_SEEDS
+}
 # the stage of that round's own retriever, which every signal's knobs go over
 OWN_RETRIEVER = "retriever_later" if SIGNAL_ROUND > 0 else "retriever"
 DENSE = list(PRETRAINED) + [f"iter{i}" for i in range(K)]  # sources that embed
@@ -236,6 +241,18 @@ for stage, (cls, knobs) in STAGES.items():
     if stage.startswith("eval_reader_fast_") and not CHECKED[stage].accelerated:
         fail(
             where, "sets neither keep_passages nor keep_tokens", "set one, or remove it"
+        )
+# a signal's retriever stage file per seed: its knobs with seed + s
+for name in SIGNALS:
+    cls, knobs = STAGES[f"retriever_signal_{name}"]
+    checked = CHECKED[f"retriever_signal_{name}"]
+    for s in SIGNAL_SEEDS:
+        STAGES[f"retriever_signal_{name}_seed{s}"] = (
+            cls,
+            {**knobs, "seed": checked.seed + s},
+        )
+        CHECKED[f"retriever_signal_{name}_seed{s}"] = dataclasses.replace(
+            checked, seed=checked.seed + s
         )
 
 # Cross-key checks the schema cannot express; then every data file must exist or be made.
@@ -650,10 +667,22 @@ def scoring_config(wc):
     return stage_file(f"score_passages_signal_{signal}" if signal else "score_passages")
 
 
+def teacher(scoring, retriever):
+    """(score mode, objective, control) of a retriever: control "uniform" for the no-teacher
+    control (score mode uniform), "in_batch" for the one with no candidates (uniform scores,
+    train_n_passages 1: its list's top passage against the batch's), "" for a teacher.
+    """
+    mode, knobs = CHECKED[scoring].mode, CHECKED[retriever]
+    control = ""
+    if mode == "uniform":
+        control = "in_batch" if knobs.train_n_passages == 1 else "uniform"
+    return mode, knobs.objective, control
+
+
 def training_section(wc):
     """The config section of a training job (wildcards i, stage or signal)."""
     if wc.get("signal"):
-        return f"retriever_signal_{wc.signal}"
+        return f"retriever_signal_{wc.signal}_seed{wc.seed}"
     return stage_section(wc.i, wc.get("stage", "retriever"))
 
 

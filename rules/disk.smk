@@ -464,17 +464,18 @@ def disk_rows():
         # by the next round
         splits = EVAL_SPLITS if i == K - 1 else {"train", "dev", *EVAL_SPLITS}
         rows += _dense_rows(f"iter{i}", corpus, splits)
-    for source, name in SIGNAL_SOURCES.items():
+    for name in SIGNALS:  # its scores once, then each seed's retriever and lists
         rows.append(
             _lists(
-                f"{source} scores",
-                res_path(f"{source}/scores"),
+                f"iter{SIGNAL_ROUND}-{name} scores",
+                res_path(f"iter{SIGNAL_ROUND}-{name}/scores"),
                 ("train", "dev"),
                 knob("retrieve", "top_k") if K > 1 else source_k,
                 corpus,
                 disk_sizes.SCORES_OVER_LISTS["compact" if COMPACT else "fid_json"],
             )
         )
+    for source, name in SIGNAL_SOURCES.items():
         rows += _trained_rows(
             f"{source}/retriever",
             f"state/{RUN}/{source}/retriever",

@@ -8,9 +8,9 @@ REQUIRED INPUTS: the round's reader and lists (reader.smk), stage configs, the r
 retrieved lists (retrieval.smk).
 OUTPUTS:
     results/{run}/iter{i}-{signal}/scores/{split}.json     rule score_passages_signal
-    results/{run}/iter{i}-{signal}/retriever/model/        rule train_retriever_signal
+    results/{run}/iter{i}-{signal}-seed{seed}/retriever/model/  rule train_retriever_signal
     results/{run}/report/signals.{csv,html,png}, signals_plot.html  rule report_signals
-    state/{run}/iter{i}-{signal}/retriever/<key>/          training state (not an output)
+    state/{run}/iter{i}-{signal}-seed{seed}/retriever/<key>/    training state (not an output)
 """
 
 # The report's cut-offs: top-1/5/20, or the lists' length where they are shorter.
@@ -31,20 +31,23 @@ use rule score_passages as score_passages_signal with:
         signal="|".join(SIGNALS) or "^$",
 
 
+# One per seed of distillation_seeds (stage file retriever_signal_{signal}_seed{seed}), each a
+# retrieval source of its own (iter{i}-{signal}-seed{seed}), from the signal's one set of scores.
 use rule train_retriever as train_retriever_signal with:
     output:
-        directory("results/{run}/iter{i}-{signal}/retriever/model"),
+        directory("results/{run}/iter{i}-{signal}-seed{seed}/retriever/model"),
     log:
-        "logs/train_retriever_signal/{run}/iter{i}-{signal}.log",
+        "logs/train_retriever_signal/{run}/iter{i}-{signal}-seed{seed}.log",
     benchmark:
-        "logs/benchmarks/train_retriever_signal/{run}/iter{i}-{signal}.tsv"
+        "logs/benchmarks/train_retriever_signal/{run}/iter{i}-{signal}-seed{seed}.tsv"
     wildcard_constraints:
         i=str(SIGNAL_ROUND),
         signal="|".join(SIGNALS) or "^$",
+        seed="|".join(map(str, SIGNAL_SEEDS)) or "^$",
     params:
         init=lambda wc: start("retriever", int(wc.i))[0],
         # fid finds (or starts) the run's state under it: state/.../<key>/ (not an output)
-        state_root="state/{run}/iter{i}-{signal}/retriever",
+        state_root="state/{run}/iter{i}-{signal}-seed{seed}/retriever",
         passages=passages_flag(),
 
 
@@ -77,16 +80,13 @@ rule report_signals:
         splits=EVAL_SPLITS,
         own=f"iter{SIGNAL_ROUND}",
         signals=list(SIGNALS),
-        # what each source learned from: (score_passages mode, retriever objective)
+        seeds=len(SIGNAL_SEEDS),
+        # what each source learned from: (score_passages mode, retriever objective, control)
         teachers={
-            f"iter{SIGNAL_ROUND}": (
-                CHECKED["score_passages"].mode,
-                CHECKED[OWN_RETRIEVER].objective,
-            ),
+            f"iter{SIGNAL_ROUND}": teacher("score_passages", OWN_RETRIEVER),
             **{
-                name: (
-                    CHECKED[f"score_passages_signal_{name}"].mode,
-                    CHECKED[f"retriever_signal_{name}"].objective,
+                name: teacher(
+                    f"score_passages_signal_{name}", f"retriever_signal_{name}"
                 )
                 for name in SIGNALS
             },

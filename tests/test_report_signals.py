@@ -1,6 +1,7 @@
-"""workflow_scripts/report_signals.py on hand-made lists (issue 49.1): with the no-teacher
-control (a signal of score_passages mode uniform) compared, every row is also read against it,
-question by question, with a paired bootstrap interval."""
+"""workflow_scripts/report_signals.py on hand-made lists (issue 49.1, 49.5): with the no-teacher
+controls (score_passages mode uniform; with train_n_passages 1, the in-batch control) compared,
+every row is also read against each, question by question, with a paired bootstrap interval
+and p-value; a signal's seeds are averaged per question; Holm adjusts the table's p-values."""
 
 from __future__ import annotations
 
@@ -28,11 +29,16 @@ def _lists(path: Path, first_hits: list[bool]) -> str:
     return str(path)
 
 
-def _report(tmp_path: Path, teachers: dict) -> pd.DataFrame:
+def _report(tmp_path: Path, teachers: dict, seeds: int = 1) -> pd.DataFrame:
+    """The report's table of `teachers` (name -> (mode, objective, control)); each signal's
+    retriever per seed hits the questions below (seed s: the list moved s questions on)."""
     hits = {"iter1": [q % 2 == 0 for q in range(40)],  # 50%
             "pdist": [q % 10 < 7 for q in range(40)],  # 70%
-            "uniform": [q % 10 < 3 for q in range(40)]}  # 30%  # fmt: skip
+            "uniform": [q % 10 < 3 for q in range(40)],  # 30%
+            "in_batch": [q % 10 in (3, 4) for q in range(40)]}  # 20%, not uniform's  # fmt: skip
     signals = [name for name in teachers if name != "iter1"]
+    lists = [_lists(tmp_path / f"{name}{s}.json", hits[name][s:] + hits[name][:s])
+             for name in signals for s in range(seeds)]  # fmt: skip
     (tmp_path / "eval.yaml").write_text("{}\n")
     output = types.SimpleNamespace(table=str(tmp_path / "signals.csv"),
                                    page=str(tmp_path / "signals.html"),
@@ -41,9 +47,10 @@ def _report(tmp_path: Path, teachers: dict) -> pd.DataFrame:
     snakemake = types.SimpleNamespace(
         input=types.SimpleNamespace(
             own=[_lists(tmp_path / "own.json", hits["iter1"])],
-            signals=[_lists(tmp_path / f"{name}.json", hits[name]) for name in signals],
+            signals=lists,
             config=str(tmp_path / "eval.yaml"), store=[]),
         params=types.SimpleNamespace(splits=["dev"], own="iter1", signals=signals, ks=[1],
+                                     seeds=seeds,
                                      teachers=teachers, caption="The *plot*."),
         output=output,
     )  # fmt: skip
@@ -56,8 +63,8 @@ def _report(tmp_path: Path, teachers: dict) -> pd.DataFrame:
 
 
 def test_every_signal_is_read_against_the_no_teacher_control(tmp_path):
-    table = _report(tmp_path, {"iter1": ("attention_mass", "kl"), "pdist": ("pdist", "kl"),
-                               "uniform": ("uniform", "kl")})  # fmt: skip
+    table = _report(tmp_path, {"iter1": ("attention_mass", "kl", ""), "pdist": ("pdist", "kl", ""),
+                               "uniform": ("uniform", "kl", "uniform")})  # fmt: skip
     assert table.loc["pdist", "top-1 (%)"] == 70 and table.loc["uniform", "top-1 (%)"] == 30
     assert table.loc["pdist", "top-1 vs control"] == pytest.approx(40)
     assert table.loc["iter1", "top-1 vs control"] == pytest.approx(20)
@@ -68,6 +75,37 @@ def test_every_signal_is_read_against_the_no_teacher_control(tmp_path):
 
 
 def test_without_a_control_there_are_no_control_columns(tmp_path):
-    table = _report(tmp_path, {"iter1": ("attention_mass", "kl"), "pdist": ("pdist", "kl")})
+    table = _report(tmp_path, {"iter1": ("attention_mass", "kl", ""), "pdist": ("pdist", "kl", "")})
     assert not [column for column in table.columns if "control" in column]
     assert table.loc["pdist", "top-1 difference"] == pytest.approx(20)
+
+
+def test_both_controls_seeds_averaged_and_holm_over_the_table(tmp_path):
+    teachers = {"iter1": ("attention_mass", "kl", ""), "pdist": ("pdist", "kl", ""),
+                "uniform": ("uniform", "kl", "uniform"),
+                "in_batch": ("uniform", "kl", "in_batch")}  # fmt: skip
+    table = _report(tmp_path, teachers, seeds=2)
+    # the seeds hit the same share of questions (70%), on other questions: averaged per question
+    assert table.loc["pdist", "top-1 (%)"] == pytest.approx(70)
+    assert table.loc["pdist", "top-1 vs in-batch control"] == pytest.approx(50)
+    assert table.loc["uniform", "top-1 vs in-batch control"] == pytest.approx(10)
+    assert table.loc["in_batch", "top-1 vs control"] == pytest.approx(-10)  # the same pair
+    assert table.loc["in_batch", "top-1 vs in-batch control"] == 0
+    assert pd.isna(table.loc["in_batch", "top-1 vs in-batch control p"])
+    # the family: iter1, pdist, uniform against the other three or fewer, each pair once:
+    # (iter1, pdist), (iter1, uniform), (iter1, in_batch), (pdist, uniform), (pdist, in_batch),
+    # (uniform, in_batch) = 6 comparisons at top-1
+    p = table.loc["pdist", "top-1 vs in-batch control p"]
+    holm = table.loc["pdist", "top-1 vs in-batch control Holm p"]
+    assert p < 0.001 and p < holm <= 6 * p
+    low = table.loc["pdist", "top-1 vs in-batch control CI low"]
+    assert low > 0
+    uniform = table.loc[
+        "uniform", ["top-1 vs in-batch control p", "top-1 vs in-batch control Holm p"]
+    ]
+    assert list(uniform) == list(
+        table.loc["in_batch", ["top-1 vs control p", "top-1 vs control Holm p"]]
+    )
+    page = (tmp_path / "signals.html").read_text()
+    assert "over all 6 comparisons" in page and "pdist vs in_batch top-1 (dev, +50.0)" in page
+    assert "uniform vs in_batch" not in page  # 10 points over 40 questions: not after Holm

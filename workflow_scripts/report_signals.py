@@ -8,7 +8,7 @@ import pandas as pd
 from report_page import write_figure_page, write_page
 
 from fid.config import EvalRetrievalConfig, load_config
-from fid.evaluation.bootstrap import paired_bootstrap_interval
+from fid.evaluation.paired_comparisons import by_pair, compare_to_references, with_holm
 from fid.evaluation.retrieval import first_hit_ranks
 
 matplotlib.use("Agg")
@@ -29,48 +29,71 @@ def top_k_hits(path):
     }
 
 
-rows = []
-n_splits = len(params.splits)
+# The no-teacher controls, when compared (issue 49): score mode uniform over the candidates
+# ("control") and with train_n_passages 1 ("in-batch control": no candidates). Every row is
+# read against the round's own retriever and each control: column prefix -> reference.
+CONTROLS = {"uniform": "vs control", "in_batch": "vs in-batch control"}
+REFERENCES = {"": params.own}
+REFERENCES |= {CONTROLS[c]: name for name, (_, _, c) in params.teachers.items() if c}
+n_splits, n_seeds = len(params.splits), params.seeds
+means, counts, found = {}, {}, []
 for s, split in enumerate(params.splits):
     own = top_k_hits(inputs.own[s])
     ids = list(own)
-    theirs = np.stack([own[q] for q in ids]) if ids else np.zeros((0, len(params.ks)))
-    sources = [(params.own, theirs)]
+    sources = {
+        params.own: np.stack([own[q] for q in ids]) if ids else np.zeros((0, len(params.ks)))
+    }
     for n, name in enumerate(params.signals):
-        path = inputs.signals[n * n_splits + s]
-        hits = top_k_hits(path)
-        if sorted(hits) != sorted(ids):
-            raise ValueError(f"{path}: not the questions of {inputs.own[s]}")
-        sources.append((name, np.stack([hits[q] for q in ids]) if ids else theirs))
-    # The no-teacher control (score_passages mode uniform), when one is compared: every row is
-    # also read against it, since a signal that does not beat it taught nothing of the reader.
-    control = next((hits for name, hits in sources if params.teachers[name][0] == "uniform"),
-                   None)  # fmt: skip
-    for name, ours in sources:
-        mode, objective = params.teachers[name]
+        seeds = []  # each seed's (Q, len(ks)) hits, averaged per question: pairs by question
+        for seed in range(n_seeds):
+            path = inputs.signals[(n * n_seeds + seed) * n_splits + s]
+            hits = top_k_hits(path)
+            if sorted(hits) != sorted(ids):
+                raise ValueError(f"{path}: not the questions of {inputs.own[s]}")
+            seeds.append(np.stack([hits[q] for q in ids]) if ids else sources[params.own])
+        sources[name] = np.mean(seeds, axis=0)
+    means[split] = {
+        name: h.mean(0) if ids else [None] * len(params.ks) for name, h in sources.items()
+    }
+    counts[split] = len(ids)
+    found += [(split, c) for c in compare_to_references(sources, list(REFERENCES.values()))]
+# one family, Holm over every comparison the table holds (all splits)
+adjusted = with_holm([c for _, c in found])
+pairs = {split: by_pair([c for (sp, _), c in zip(found, adjusted, strict=True) if sp == split])
+         for split in params.splits}  # fmt: skip
+rows = []
+for split in params.splits:
+    for name, mean in means[split].items():
+        mode, objective, _ = params.teachers[name]
         row = {"split": split, "retriever": name, "teacher": mode, "objective": objective}
         for j, k in enumerate(params.ks):
-            low, high = paired_bootstrap_interval(ours[:, j], theirs[:, j])
-            row[f"top-{k} (%)"] = ours[:, j].mean() if ids else None
-            row[f"top-{k} difference"] = (ours[:, j] - theirs[:, j]).mean() if ids else None
-            row[f"top-{k} CI low"], row[f"top-{k} CI high"] = low, high
-            if control is not None:
-                low, high = paired_bootstrap_interval(ours[:, j], control[:, j])
-                row[f"top-{k} vs control"] = (ours[:, j] - control[:, j]).mean() if ids else None
-                row[f"top-{k} vs control CI low"] = low
-                row[f"top-{k} vs control CI high"] = high
-        rows.append({**row, "questions": len(ids)})
+            row[f"top-{k} (%)"] = mean[j]
+            for prefix, reference in REFERENCES.items():
+                c = pairs[split].get((name, reference, j))  # None: the row is the reference
+                stem = f"top-{k} {prefix}" if prefix else f"top-{k}"
+                row[stem if prefix else f"top-{k} difference"] = c.difference if c else 0.0
+                row[f"{stem} CI low"], row[f"{stem} CI high"] = (c.low, c.high) if c else (0, 0)
+                row[f"{stem} p"], row[f"{stem} Holm p"] = (c.p, c.holm) if c else (None, None)
+        rows.append({**row, "questions": counts[split]})
 table = pd.DataFrame(rows)
 table.to_csv(output.table, index=False, float_format="%.4g")
+survivors = [f"{c.system} vs {c.reference} top-{params.ks[c.column]} ({split}, "
+             f"{c.difference:+.1f})" for (split, _), c in zip(found, adjusted, strict=True)
+             if c.holm < 0.05]  # fmt: skip
 write_page(output.page, "Distillation signals: which teacher trains the retriever best", [
     f"Round {params.own[4:]}'s reader taught each retriever from the same lists and start: "
     f"{params.own} with the round's own teacher, every other row with a signal of "
-    "distillation_signals. Top-k answer accuracy in percent over the same questions; "
-    f"'difference': the row's minus {params.own}'s, with its paired bootstrap 95% interval "
-    "over questions (CI low, CI high); an interval that holds 0 decides nothing. With a "
-    "signal of mode uniform compared (the no-teacher control: a uniform target, no reader "
-    "information), 'vs control' gives every row's difference to it, with its interval: a "
-    "teacher whose interval holds 0 there cannot be told from no teacher.",
+    f"distillation_signals, each trained with {n_seeds} seed(s) (distillation_seeds) and its "
+    "per-question hits averaged over them. Top-k answer accuracy in percent over the same "
+    f"questions; 'difference': the row's minus {params.own}'s, with its paired bootstrap 95% "
+    "interval over questions (CI low, CI high) and p-value; an interval that holds 0 decides "
+    "nothing. With signals of mode uniform compared, the no-teacher controls (a uniform target "
+    "over the candidates: 'vs control'; train_n_passages 1, the list's top passage against "
+    "the batch's other questions': 'vs in-batch control'), every row's difference to each: "
+    "a teacher that does not beat them taught the retriever nothing of the reader.",
+    f"Holm p: the p-values adjusted (Holm-Bonferroni) over all {len(found)} comparisons of "
+    "this table. Differences that survive it (Holm p < 0.05): "
+    f"{'; '.join(survivors) or 'none'}.",
 ], table, output.table)  # fmt: skip
 
 fig, axes = plt.subplots(1, n_splits, figsize=(5 * n_splits, 3.8), squeeze=False)
