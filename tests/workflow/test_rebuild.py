@@ -91,9 +91,10 @@ def test_distillation_signals_added_to_a_finished_run(tiny_run, tmp_path):
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run, symlinks=True)
-    config = write_config(tmp_path / "signals.yaml", TINY, distillation_signals=SIGNALS)
+    config = write_config(tmp_path / "signals.yaml", TINY, distillation_signals=SIGNALS,
+                          distillation_seeds=2)  # fmt: skip
     planned = _plan(run, config=config)
-    sources = {f"iter1-{name}" for name in SIGNALS}
+    sources = {f"iter1-{name}-seed{s}" for name in SIGNALS for s in (0, 1)}
     for job in planned:
         wildcards = dict(job[1:])
         if job[0] in ("embed_passages", "build_index", "retrieve"):
@@ -106,7 +107,7 @@ def test_distillation_signals_added_to_a_finished_run(tiny_run, tmp_path):
             assert job[0] in {"report_signals", "report_runtimes", "report_memory",
                               "report_config"}, job  # fmt: skip
     assert len([j for j in planned if j[0] == "score_passages_signal"]) == 2 * 2  # train, dev
-    assert len([j for j in planned if j[0] == "retrieve"]) == 2 * 2  # dev, test
+    assert len([j for j in planned if j[0] == "retrieve"]) == 2 * 2 * 2  # seeds, dev, test
     result = snakemake(run, "--configfile", str(config), "--cores", "2", timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     assert _plan(run, config=config) == set()
@@ -114,23 +115,31 @@ def test_distillation_signals_added_to_a_finished_run(tiny_run, tmp_path):
     results = run / "results/tiny"
     scores = json.loads((results / "iter1-pdist/scores/train.json").read_text())
     assert scores[0]["reader_scoring"]["mode"] == "pdist"
-    trained = yaml.safe_load((results / "iter1-pdist_emdr2/retriever/model/train_config.yaml")
-                             .read_text())  # fmt: skip
-    assert trained["objective"] == "emdr2"
+    trained = [yaml.safe_load((results / f"iter1-pdist_emdr2-seed{s}/retriever/model/"
+                               "train_config.yaml").read_text()) for s in (0, 1)]  # fmt: skip
+    assert [t["objective"] for t in trained] == ["emdr2"] * 2
+    assert trained[1]["seed"] == trained[0]["seed"] + 1
     table = pd.read_csv(results / "report/signals.csv")
     assert list(table["retriever"]) == ["iter1", "pdist", "pdist_emdr2"] * 2
     assert list(table["split"]) == ["dev"] * 3 + ["test"] * 3
     assert list(table["teacher"]) == ["mean_logit", "pdist", "pdist"] * 2
     assert list(table["objective"]) == ["kl", "kl", "emdr2"] * 2
     for _, row in table.iterrows():
-        source = "iter1" if row["retriever"] == "iter1" else f"iter1-{row['retriever']}"
-        lists = results / source / "retrieval" / f"{row['split']}.json"
-        metrics = run / f"{source}-{row['split']}.json"
-        done = subprocess.run([sys.executable, "-m", "fid", "eval-retrieval", "--questions",
-                               str(lists), "--output", str(metrics)], capture_output=True,
-                              text=True)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        accuracy = json.loads(metrics.read_text())["accuracy"]
+        seeds = (
+            [""]
+            if row["retriever"] == "iter1"
+            else [f"-{row['retriever']}-seed{s}" for s in (0, 1)]
+        )
+        accuracies = []  # each seed's: the table averages each question's hits over them
+        for seed in seeds:
+            lists = results / f"iter1{seed}" / "retrieval" / f"{row['split']}.json"
+            metrics = run / f"iter1{seed}-{row['split']}.json"
+            done = subprocess.run([sys.executable, "-m", "fid", "eval-retrieval", "--questions",
+                                   str(lists), "--output", str(metrics)], capture_output=True,
+                                  text=True)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            accuracies.append(json.loads(metrics.read_text())["accuracy"])
+        accuracy = {k: sum(a[k] for a in accuracies) / len(accuracies) for k in accuracies[0]}
         own = table[(table["split"] == row["split"]) & (table["retriever"] == "iter1")].iloc[0]
         assert row["questions"] == 16
         for k in (1, 5, 10):
@@ -141,10 +150,12 @@ def test_distillation_signals_added_to_a_finished_run(tiny_run, tmp_path):
             assert row[f"top-{k} difference"] <= row[f"top-{k} CI high"] + 1e-9
             if row["retriever"] == "iter1":
                 assert row[f"top-{k} CI low"] == row[f"top-{k} CI high"] == 0
+            else:  # Holm over the table's comparisons: never below the p-value
+                assert 0 < row[f"top-{k} p"] <= row[f"top-{k} Holm p"] <= 1
     assert (results / "report/signals.png").stat().st_size > 10_000
     memory = pd.read_csv(results / "report/memory.csv").set_index("model")
-    for name in SIGNALS:  # each signal's retriever: planned and measured like the round's own
-        row = memory.loc[f"iter1-{name}/retriever"]
+    for source in sources:  # each signal's retrievers: planned and measured like the round's own
+        row = memory.loc[f"{source}/retriever"]
         assert row["rule"] == "train_retriever" and row["measured (MiB)"] > 0
         assert row["predicted (MiB)"] > 0 and row["benchmark RSS (MB)"] > 0
         # rank 0's among them (rounded to 0.1 MiB in the log)
