@@ -25,8 +25,9 @@ def expected_counts(cfg: dict) -> dict[str, int]:
     """Jobs per rule that a fresh plan of `cfg` must hold (the DAG's arithmetic)."""
     k, shards, splits = cfg["rounds"], cfg["shards"], len(cfg["eval_splits"])
     compare = [c for c in cfg.get("compare", []) if c != "bm25"]
-    signals = len(cfg.get("distillation_signals") or {})  # each a retriever of the last round
-    dense = k + len(compare) + signals  # retrievers that embed, index and search the passages
+    signals = len(cfg.get("distillation_signals") or {})  # each scored in the last round ...
+    seeds = signals * cfg.get("distillation_seeds", 3)  # ... and a retriever per seed
+    dense = k + len(compare) + seeds  # retrievers that embed, index and search the passages
     counts = {
         "train_reader": k + bool((cfg["data"].get("curriculum") or {}).get("warmup")),
         "score_passages": 2 * k,  # train + dev lists of every round
@@ -35,7 +36,7 @@ def expected_counts(cfg: dict) -> dict[str, int]:
         "build_index": dense,
         # iter0..iter{K-2} retrieve train, dev and test for the next round; the last round's
         # retriever and the comparisons only the evaluated splits
-        "retrieve": 3 * (k - 1) + splits * (1 + len(compare) + signals),
+        "retrieve": 3 * (k - 1) + splits * (1 + len(compare) + seeds),
         "retrieve_bm25": 3,
         "build_bm25": 1,
         "eval_reader": k * splits,
@@ -44,7 +45,7 @@ def expected_counts(cfg: dict) -> dict[str, int]:
         "eval_reader_fast": k * splits * len(cfg.get("eval_reader_accelerations") or {}),
         "report_acceleration": int(bool(cfg.get("eval_reader_accelerations"))),
         "score_passages_signal": 2 * signals,
-        "train_retriever_signal": signals,
+        "train_retriever_signal": seeds,
         "report_signals": int(bool(signals)),
     }
     counts["build_passage_store"] = int(cfg.get("list_format") == "compact")
@@ -147,6 +148,7 @@ def test_distillation_signals_run_as_the_rounds_own_jobs(tmp_path):
     signals = {"pdist": {"score_passages": {"mode": "pdist"}}, "loop": {"score_passages": {"mode": "loop"}}}  # fmt: skip
     nq = ROOT / "config" / "nq.yaml"
     config = write_config(tmp_path / "c.yaml", nq, distillation_signals=signals)
+    assert "distillation_seeds" not in yaml.safe_load(config.read_text())  # the default: 3
     cfg = yaml.safe_load(config.read_text())
     output = dry_run(tmp_path, "--configfile", str(config))
     counts = job_counts(output)
@@ -168,12 +170,61 @@ def test_distillation_signals_run_as_the_rounds_own_jobs(tmp_path):
             assert job["shell"].startswith(launcher + " --log-file"), job["shell"]
             assert "srun --nodes=" in launcher
             stage = "score_passages" if rule == "score_passages_signal" else "retriever"
+            seed = f"_seed{job['wildcards']['seed']}" if stage == "retriever" else ""
             assert (
-                f"--config results/{cfg['run']}/config/{stage}_signal_{name}.yaml" in job["shell"]
+                f"--config results/{cfg['run']}/config/{stage}_signal_{name}{seed}.yaml"
+                in job["shell"]
             )
             flag = "--questions" if stage == "score_passages" else "--init-model"
             value = re.search(rf"{flag} (\S+)", own["shell"]).group(1)
             assert f"{flag} {value}" in job["shell"], (flag, job["shell"])
+
+
+def test_distillation_signals_train_a_retriever_per_seed(tmp_path):
+    """Issue 49.5: each signal scores once and trains distillation_seeds retrievers (3 by
+    default), each with its stage file's seed (the signal's retriever seed + 0, 1, ...), its
+    own source, embeddings, index and lists; the report reads them all."""
+    from workflow_helpers import write_config
+
+    signals = {"uniform": {"score_passages": {"mode": "uniform"}},
+               "in_batch": {"score_passages": {"mode": "uniform"},
+                            "retriever": {"train_n_passages": 1, "in_batch_negatives": True,
+                                          "seed": 5}}}  # fmt: skip
+    demo = ROOT / "config" / "config.yaml"
+    for seeds in (None, 2):
+        config = write_config(tmp_path / "c.yaml", demo, distillation_signals=signals,
+                              distillation_seeds=seeds)  # fmt: skip
+        output = dry_run(tmp_path, "--configfile", str(config))
+        jobs, n = planned_jobs(output), seeds or 3
+        trained = {(j["wildcards"]["signal"], j["wildcards"]["seed"])
+                   for j in jobs if j["rule"] == "train_retriever_signal"}  # fmt: skip
+        assert trained == {(name, str(s)) for name in signals for s in range(n)}
+        scored = [j for j in jobs if j["rule"] == "score_passages_signal"]
+        assert len(scored) == 2 * len(signals)  # train and dev, once per signal
+        sources = {j["wildcards"]["source"] for j in jobs if j["rule"] == "build_index"}
+        assert {s for s in sources if "-" in s} == {f"iter1-{name}-seed{s}" for name, s in trained}
+        searched = [
+            j for j in jobs if j["rule"] == "retrieve" and "-seed" in j["wildcards"]["source"]
+        ]
+        assert len(searched) == 2 * len(signals) * n  # dev, test: what report_signals reads
+        # the disk plan: a signal's scores once, each seed's retriever (and the round's own)
+        plan = output.split("disk plan", 1)[1]
+        for name in signals:
+            assert plan.count(f"iter1-{name} scores") == 1
+            for s in range(n):
+                assert f"iter1-{name}-seed{s}/retriever model" in plan
+        assert "iter1/retriever model" in plan
+    # the stage files' seeds: each training job's config, written by its stage_config job
+    result = snakemake(tmp_path, "--configfile", str(config), "--cores", "1",
+                       *(f"results/demo/config/retriever_signal_{name}_seed{s}.yaml"
+                         for name in signals for s in range(2)))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name, start in (("uniform", 0), ("in_batch", 5)):
+        for s in range(2):
+            path = tmp_path / f"results/demo/config/retriever_signal_{name}_seed{s}.yaml"
+            knobs = yaml.safe_load(path.read_text())
+            assert knobs["seed"] == start + s
+            assert knobs.get("train_n_passages") == (1 if name == "in_batch" else None)
 
 
 def test_own_data_plans(tmp_path):
