@@ -8,13 +8,14 @@ and report table; log lines label it ("EM 6.31%").
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
 import resource
 import sys
+import threading
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from fid.text_files import text_lines
 
 logger = logging.getLogger(__name__)
 _formatter: logging.Formatter | None = None  # setup_logging's, for add_log_file
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def setup_logging(rank: int = 0, file: str | Path | None = None, job: str | None = None) -> None:
@@ -158,33 +160,84 @@ def _records_up_to(path: Path, step: int) -> list[str]:
 class PeakMemory:
     """Peak memory since the last `reset()`: CUDA max allocated on GPU, process RSS on CPU.
 
-    On Linux the RSS peak (VmHWM) is reset through /proc/self/clear_refs, so each logging
-    interval reports its own peak; elsewhere the process-lifetime peak (ru_maxrss) is reported.
+    On Linux a CPU interval's peak is found without touching the process's own high-water mark
+    (VmHWM, ru_maxrss), which `/usr/bin/time -v`, Snakemake's benchmarks and SLURM's
+    accounting read for the whole run (resetting it through /proc/self/clear_refs, as fid did,
+    left them the last interval's peak: 1,495 MiB for a run that peaked at 7,050). VmHWM only
+    rises, so with `hwm0` its value at `reset()`:
+    - if VmHWM > hwm0 when the peak is read, the resident size reached a new lifetime high
+      within the interval, and the interval's peak is that VmHWM, exactly;
+    - else the interval's peak is the largest resident size (VmRSS, /proc/self/statm) that a
+      daemon thread sampled every `sample_s` seconds since `reset()`, or the current one: a
+      peak that rose and fell between two samples is missed (at 20 ms, a few of a training
+      step's hundreds of milliseconds at least).
+    Elsewhere the process-lifetime peak (ru_maxrss) is reported.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, sample_s: float = 0.02):
         self.device = device
         self._status = Path("/proc/self/status")
-        self._clear_refs = Path("/proc/self/clear_refs")
+        self._statm = Path("/proc/self/statm")
+        self._sampling = device.type != "cuda" and self._statm.exists()
+        self._lock = threading.Lock()
+        self._sampled = 0  # bytes: the largest resident size sampled since reset()
+        self._hwm0: int | None = None
         self.reset()
+        if self._sampling:
+            # The thread holds the object weakly: it ends when the object is collected.
+            self._stop = threading.Event()
+            threading.Thread(target=_sample, args=(weakref.ref(self), self._stop, sample_s),
+                             daemon=True, name="fid-peak-memory").start()  # fmt: skip
 
     def reset(self) -> None:
-        import torch  # here, not at the top: `fid --help` and light commands skip torch
-
         if self.device.type == "cuda":
+            import torch  # here, not at the top: `fid --help` and light commands skip torch
+
             torch.cuda.reset_peak_memory_stats(self.device)
-        elif self._clear_refs.exists():
-            # Not permitted in some sandboxes: the lifetime peak is reported then.
-            with contextlib.suppress(OSError):
-                self._clear_refs.write_text("5")
+        elif self._sampling:
+            with self._lock:
+                self._hwm0 = _status_bytes(self._status, "VmHWM")
+                self._sampled = _resident_bytes(self._statm)
 
     def peak_mb(self) -> float:
-        import torch
-
         if self.device.type == "cuda":
+            import torch
+
             return torch.cuda.max_memory_allocated(self.device) / 2**20
-        if self._status.exists():
-            match = re.search(r"VmHWM:\s+(\d+) kB", self._status.read_text())
-            if match:
-                return int(match.group(1)) / 1024
+        if self._sampling:
+            hwm = _status_bytes(self._status, "VmHWM")
+            with self._lock:
+                if self._hwm0 is not None and hwm is not None and hwm > self._hwm0:
+                    return hwm / 2**20  # a new lifetime high, reached in this interval
+                return max(self._sampled, _resident_bytes(self._statm)) / 2**20
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def close(self) -> None:
+        """Stops the sampling thread (a daemon: it ends with the process anyway)."""
+        if self._sampling:
+            self._stop.set()
+
+    def _take_sample(self) -> None:
+        resident = _resident_bytes(self._statm)
+        with self._lock:
+            self._sampled = max(self._sampled, resident)
+
+
+def _sample(memory: weakref.ref[PeakMemory], stop: threading.Event, sample_s: float) -> None:
+    """The sampling thread's loop: until `stop` is set or the PeakMemory is gone."""
+    while not stop.wait(sample_s):
+        peak = memory()
+        if peak is None:
+            return
+        peak._take_sample()
+        del peak  # not held while waiting
+
+
+def _resident_bytes(statm: Path) -> int:
+    """The resident size (statm's second field, pages): cheaper to read than status."""
+    return int(statm.read_text().split()[1]) * _PAGE_BYTES
+
+
+def _status_bytes(status: Path, field: str) -> int | None:
+    match = re.search(rf"{field}:\s+(\d+) kB", status.read_text())
+    return int(match.group(1)) * 1024 if match else None
