@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,8 +31,6 @@ from fid.data.passage_store import passages_identity
 from fid.data.passages import Passage, count_lines, iter_passages, passage_shard_bounds
 from fid.errors import DataError
 from fid.models.fingerprint import model_fingerprint
-from fid.models.loading import load_retriever
-from fid.models.retriever import DualEncoder, RetrieverTokenizer
 from fid.runtime import distributed
 from fid.runtime.fileio import atomic_paths, warn_if_short_of_space
 from fid.runtime.oom_batch_halving import BatchSplitter
@@ -40,6 +38,10 @@ from fid.runtime.oom_injection import Injection
 from fid.runtime.precision import autocast, resolve_precision
 from fid.runtime.progress import progress
 from fid.text_files import read_json
+
+if TYPE_CHECKING:  # transformers (~2 s of CPU) only where a model is loaded: build-index,
+    # retrieve and ask read shards through this module (issue 46.3)
+    from fid.models.retriever import DualEncoder, RetrieverTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -384,6 +386,8 @@ def embed_passages(
 ) -> None:
     """`fid embed-passages`: shard `shard` of `n_shards` of the passage file, embedded by the
     retriever's passage encoder and saved under the prefix `output` (see the module docstring)."""
+    from fid.models.loading import load_retriever
+
     start, end = passage_shard_bounds(passages_path, shard, n_shards)
     retriever, encode = load_retriever(
         model_path, None, cfg.passage_max_tokens, device, override=cfg.override_model_settings
