@@ -25,9 +25,13 @@ plus passages of made-up words (no vowel, no s or y: stems of themselves) that l
 vocabulary to that size, through the stats pass, a shard build and a shard retrieval.
 
 The synthetic questions' words are rare (their terms' df / N sum to ~3e-5): shard 1 also
-answers "heavy" questions of frequent terms, whose excess CPU gives what a posting costs.
-benchmarks/bm25_scale_laws.py fits and extrapolates (called at the end). Each job's result is
-appended to WORKDIR/results.jsonl as it ends, so a rerun measures only what is missing.
+answers "heavy" questions of frequent terms, whose excess CPU gives what a posting costs. The
+merge's arrays at 10-20k questions (past the list writer's 1,024-question chunk) are measured
+alone (--merge-arrays Q S children). --sample-from N: from that size on, shards 1 and S only and
+no merge (a loaded machine's time). benchmarks/bm25_scale_laws.py fits and extrapolates (called
+at the end). Jobs run `python -m fid`, the fid that PYTHONPATH finds first (a `git archive`
+snapshot keeps others' edits out of a long run). Each job's result is appended to
+WORKDIR/results.jsonl as it ends, so a rerun measures only what is missing.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bm25_scale_laws import LUCENE_TERMS, NQ_PASSAGES, SMALL_Q, report  # noqa: E402
 from benchmarks.harness import record, write_record  # noqa: E402
 
-FID = [sys.executable, "-m", "fid"]  # the fid on PYTHONPATH (a snapshot of the tree: see --help)
+FID = [sys.executable, "-m", "fid"]  # the fid on PYTHONPATH (module docstring)
 CONSONANTS = "bcdfghjklmnpqrtvwxz"  # no vowel, s or y: Porter leaves such a word as it is
 PROBE_BASE = 250_000
 ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
@@ -249,6 +253,24 @@ def measure_size(results: Results, folder: Path, n: int, shard_counts: list[int]
     results.save()
 
 
+def merge_arrays(q: int, s: int, k: int = 100) -> None:
+    """(A child's work, --merge-arrays Q S.) What merge-bm25-lists holds beyond the list writer's
+    chunk of 1,024 questions, at a question count no shard search here reaches: S shards' (Q, k)
+    arrays as read_shard_lists returns them, merge_top_k, and the lists the writer is given."""
+    import numpy as np
+
+    from fid.retrieval.bm25_merge import ShardLists, merge_top_k
+
+    rng, shards = np.random.default_rng(0), []
+    for i in range(s):
+        rows = np.sort(rng.integers(i * 10**6, (i + 1) * 10**6, size=(q, k)), axis=1)
+        shards.append(ShardLists(Path(str(i)), {}, np.arange(q).astype("<U8"), rows,
+                                 rng.random((q, k), dtype=np.float32), rows.astype("<U8")))  # fmt: skip
+    rows, scores, ids = merge_top_k(shards, k)
+    held = ids.tolist(), scores.tolist()
+    assert len(held[0]) == q
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+",
@@ -263,7 +285,10 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fid_bm25_scale"))
     parser.add_argument("--no-run", action="store_true", help="fit what results.jsonl holds")
     parser.add_argument("--json", type=Path, help="write the run's record here")
+    parser.add_argument("--merge-arrays", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.merge_arrays:
+        return merge_arrays(*args.merge_arrays)
     args.workdir.mkdir(parents=True, exist_ok=True)
     results = Results(args.workdir / "results.jsonl")
     if not args.no_run:
@@ -273,6 +298,10 @@ def main() -> None:
             make_corpus(folder, n, args.questions)
             measure_size(results, folder, n, args.shards, n <= args.unsharded_max,
                          sample=n >= args.sample_from)  # fmt: skip
+        for q, s in ((10_000, 8), (10_000, 16), (20_000, 16)):  # the merge's arrays alone
+            results.run([sys.executable, __file__, "--merge-arrays", str(q), str(s)],
+                        args.workdir / f"merge_arrays_{q}_{s}.log", None, step="merge_arrays",
+                        q=q, s=s)  # fmt: skip
         if not args.no_probe:
             print(f"vocabulary probe: {PROBE_BASE:,} passages + {LUCENE_TERMS:,} terms", flush=True)
             base = args.workdir / f"n{PROBE_BASE}"

@@ -9,7 +9,8 @@ Laws (least squares, printed with each point's relative residual): a job's peak 
 a + b x the passages it holds, plus what each vocabulary term beyond the synthetic corpus's
 costs (the vocabulary probe's excess over the law); a question's CPU in a shard = c + d x the
 shard's passages, plus its postings at psgs_w100's share (the heavy questions' excess per
-posting); the merge = a + b x questions + c x questions x shards.
+posting); the merge = a + b x questions + c x questions x shards (its memory past the list
+writer's 1,024-question chunk grown from the largest merge measured by the law of its arrays).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ SMALL_Q = 20  # the questions of a retrieval that measures a job's start
 # Sum of a question's terms' df / N assumed for NQ / TriviaQA on psgs_w100: over samples/dpr's 751
 # rows it is 0.084 (NQ test) and 0.056 (TriviaQA test); rounded up.
 REAL_POSTINGS = 0.1
+# CPU s a shard build spends per passage of the whole file, whatever its slice: the file's
+# sha256 (checked against the statistics') and, on average, half the file's lines counted to
+# find its first row. Measured on the 1M corpus (594 MB, 2026-12-05): sha256 0.47 s, lines
+# 0.06 s (shard 1 of 8) to 0.52 s (shard 8 of 8).
+WHOLE_FILE_CPU_S = 0.47e-6 + 0.29e-6
 
 
 def fit(x: list[list[float]], y: list[float]) -> tuple[list[float], list[float]]:
@@ -67,7 +73,7 @@ def measured_table(rows: list[dict], pick) -> str:
                 f"{s} ({len(builds)} measured)", f"{builds[0]['passages']:,}",
                 f"{sum(r['cpu_s'] for r in builds) / len(builds):.1f} · "
                 f"{max(r['rss_mb'] for r in builds):,.0f}",
-                f"{sum(per_q) / len(per_q):.2f} · {max(r['rss_mb'] for r in full):,.0f}",
+                f"{sum(per_q) / max(1, len(per_q)):.2f} · {max(r['rss_mb'] for r in full):,.0f}",
                 f"{merge[0]['cpu_s']:.1f} · {merge[0]['rss_mb']:,.0f}" if merge else "-",
                 f"{one[0]['cpu_s']:.0f} · {one[0]['rss_mb']:,.0f}" if one else "-",
                 f"{one_q[0]['cpu_s']:.1f} · {one_q[0]['rss_mb']:,.0f}" if one_q else "-",
@@ -94,7 +100,10 @@ def report(rows: list[dict], chosen: int) -> dict:
         laws[f"stats {y}"] = fit([[r["corpus"]] for r in stats], [r[y] for r in stats])
     builds = pick("build")
     for y in ("rss_mb", "cpu_s"):
-        laws[f"build {y}"] = fit([[r["passages"]] for r in builds], [r[y] for r in builds])
+        # CPU: the law of what the shard's passages cost, after WHOLE_FILE_CPU_S x N
+        whole = WHOLE_FILE_CPU_S if y == "cpu_s" else 0.0
+        laws[f"build {y}"] = fit([[r["passages"]] for r in builds],
+                                 [r[y] - whole * r["corpus"] for r in builds])  # fmt: skip
     full_q = max((r["q"] for r in pick("retrieve")), default=0)
     pairs = [(r, pick("retrieve", q=SMALL_Q, n=r["n"], s=r["s"], k=r["k"]))
              for r in pick("retrieve", q=full_q)]  # fmt: skip
@@ -111,6 +120,12 @@ def report(rows: list[dict], chosen: int) -> dict:
         laws[f"merge {y}"] = fit(
             [[r["q"], r["q"] * r["s"]] for r in merges], [r[y] for r in merges]
         )
+    # The merge's memory past the writer's 1,024-question chunk grows with its arrays alone:
+    # the largest measured merge plus the arrays' law (merge_arrays) from there on.
+    arrays = pick("merge_arrays")
+    laws["merge arrays rss_mb"] = fit([[r["q"], r["q"] * r["s"]] for r in arrays],
+                                      [r["rss_mb"] for r in arrays])  # fmt: skip
+    anchor = max(merges, key=lambda r: (r["q"], -r["s"]))
     ones = pick("build_one")
     for y in ("rss_mb", "cpu_s"):
         laws[f"one index build {y}"] = fit([[r["corpus"]] for r in ones], [r[y] for r in ones])
@@ -133,7 +148,8 @@ def report(rows: list[dict], chosen: int) -> dict:
         for y in ("rss_mb", "cpu_s"):
             if rows_of:
                 r = rows_of[0]
-                per_term[f"{step} {y}"] = (r[y] - predict(f"{step} {y}", r[x])) / (
+                whole = WHOLE_FILE_CPU_S * r["corpus"] if (step, y) == ("build", "cpu_s") else 0
+                per_term[f"{step} {y}"] = (r[y] - whole - predict(f"{step} {y}", r[x])) / (
                     r["vocab"] - base_vocab
                 )
     probe_r = pick("retrieve", True, q=full_q)
@@ -161,11 +177,16 @@ def report(rows: list[dict], chosen: int) -> dict:
             continue
         print(f"  {name}: {value * 1e6:.3g} per million terms")
     out["per_term"], out["synthetic_vocab"] = per_term, base_vocab
-    out["extrapolation"] = extrapolate(predict, per_term, base_vocab, chosen)
+
+    def merge_rss(q: float, s: int) -> float:
+        b, c = laws["merge arrays rss_mb"][0][1:]
+        return anchor["rss_mb"] + b * (q - anchor["q"]) + c * (q * s - anchor["q"] * anchor["s"])
+
+    out["extrapolation"] = extrapolate(predict, merge_rss, per_term, base_vocab, chosen)
     return out
 
 
-def extrapolate(predict, per_term: dict, base_vocab: float, chosen: int) -> list[dict]:
+def extrapolate(predict, merge_rss, per_term: dict, base_vocab: float, chosen: int) -> list[dict]:
     """Each job at psgs_w100 (N, Lucene's vocabulary) and NQ's / TQA's splits, per S; and the
     resources of the S chosen: peak RSS x 1.3 and CPU x 2 (a slower core, a shared file system)."""
     extra = LUCENE_TERMS - base_vocab
@@ -179,7 +200,9 @@ def extrapolate(predict, per_term: dict, base_vocab: float, chosen: int) -> list
     for s in sorted({8, 16, 32, 64, chosen}):
         p = NQ_PASSAGES / s
         build_rss = predict("build rss_mb", p) + vocab["build rss_mb"]
-        build_cpu = predict("build cpu_s", p) + vocab["build cpu_s"]
+        build_cpu = (
+            predict("build cpu_s", p) + WHOLE_FILE_CPU_S * NQ_PASSAGES + vocab["build cpu_s"]
+        )
         start = predict("retrieve cpu_s start", p) + vocab["retrieve cpu_s"]
         # the synthetic questions' CPU plus their postings at psgs_w100's share (REAL_POSTINGS)
         question = (
@@ -198,14 +221,14 @@ def extrapolate(predict, per_term: dict, base_vocab: float, chosen: int) -> list
             row[f"{data} train: search job min"] = job / 60
             row[f"{data} train: merge min · GB"] = (
                 merge / 60,
-                predict("merge rss_mb", q, q * s) / 1e3,
+                merge_rss(q, s) / 1e3,
             )
             row[f"{data} train wall min, 16 cores"] = (-(-s // 16) * job + merge) / 60
         found.append(row)
         if s == chosen:
             jobs = {"bm25_stats": (stats_rss, stats_cpu), "build_bm25_shard": (build_rss, build_cpu),
                     "retrieve_bm25_shard": (search_rss, start + train * question),
-                    "merge_bm25": (predict("merge rss_mb", train, train * s),
+                    "merge_bm25": (merge_rss(train, s),
                                    predict("merge cpu_s", train, train * s))}  # fmt: skip
     keys = list(found[0])
 

@@ -28,6 +28,7 @@ def expected_counts(cfg: dict) -> dict[str, int]:
     signals = len(cfg.get("distillation_signals") or {})  # each scored in the last round ...
     seeds = signals * cfg.get("distillation_seeds", 3)  # ... and a retriever per seed
     dense = k + len(compare) + seeds  # retrievers that embed, index and search the passages
+    bm25_shards = (cfg.get("bm25") or {}).get("shards", 1)
     counts = {
         "train_reader": k + bool((cfg["data"].get("curriculum") or {}).get("warmup")),
         "score_passages": 2 * k,  # train + dev lists of every round
@@ -37,8 +38,13 @@ def expected_counts(cfg: dict) -> dict[str, int]:
         # iter0..iter{K-2} retrieve train, dev and test for the next round; the last round's
         # retriever and the comparisons only the evaluated splits
         "retrieve": 3 * (k - 1) + splits * (1 + len(compare) + seeds),
-        "retrieve_bm25": 3,
-        "build_bm25": 1,
+        # bm25.shards = S > 1: the statistics, S shard builds, S searches and a merge per split
+        "retrieve_bm25": 3 * (bm25_shards == 1),
+        "build_bm25": int(bm25_shards == 1),
+        "bm25_stats": int(bm25_shards > 1),
+        "build_bm25_shard": bm25_shards * (bm25_shards > 1),
+        "retrieve_bm25_shard": 3 * bm25_shards * (bm25_shards > 1),
+        "merge_bm25": 3 * (bm25_shards > 1),
         "eval_reader": k * splits,
         "eval_retrieval": (1 + k + len(compare)) * splits,
         "eval_baseline": splits,
