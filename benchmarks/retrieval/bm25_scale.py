@@ -1,9 +1,9 @@
 """Memory and CPU of sharded BM25 (issue 48.3) on synthetic psgs_w100-shaped corpora, fitted and
 extrapolated to DPR's 21,015,324 passages and the NQ / TriviaQA question splits.
 
-    python benchmarks/bm25_scale.py                                   # 250k .. 2M, S = 4 and 8
-    python benchmarks/bm25_scale.py --sizes 250000 500000 --shards 4  # a quick look
-    python benchmarks/bm25_scale.py --no-run --json bm25_scale.json   # refit what was measured
+    python benchmarks/retrieval/bm25_scale.py                                   # 250k .. 2M, S = 4 and 8
+    python benchmarks/retrieval/bm25_scale.py --sizes 250000 500000 --shards 4  # a quick look
+    python benchmarks/retrieval/bm25_scale.py --no-run --json bm25_scale.json   # refit what was measured
 
 Every job runs as the workflow runs it, a `fid` command in its own process (one CPU thread),
 measured with os.wait4 on that child: its wall time, user + system CPU and peak RSS (ru_maxrss
@@ -28,7 +28,7 @@ The synthetic questions' words are rare (their terms' df / N sum to ~3e-5): shar
 answers "heavy" questions of frequent terms, whose excess CPU gives what a posting costs. The
 merge's arrays at 10-20k questions (past the list writer's 1,024-question chunk) are measured
 alone (--merge-arrays Q S children). --sample-from N: from that size on, shards 1 and S only and
-no merge (a loaded machine's time). benchmarks/bm25_scale_laws.py fits and extrapolates (called
+no merge (a loaded machine's time). benchmarks/retrieval/bm25_scale_laws.py fits and extrapolates (called
 at the end). Jobs run `python -m fid`, the fid that PYTHONPATH finds first (a `git archive`
 snapshot keeps others' edits out of a long run). Each job's result is appended to
 WORKDIR/results.jsonl as it ends, so a rerun measures only what is missing.
@@ -45,9 +45,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.bm25_scale_laws import LUCENE_TERMS, NQ_PASSAGES, SMALL_Q, report  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.harness import record, write_record  # noqa: E402
+from benchmarks.retrieval.bm25_scale_laws import LUCENE_TERMS, NQ_PASSAGES, SMALL_Q, report  # noqa: E402
 
 FID = [sys.executable, "-m", "fid"]  # the fid on PYTHONPATH (module docstring)
 CONSONANTS = "bcdfghjklmnpqrtvwxz"  # no vowel, s or y: Porter leaves such a word as it is

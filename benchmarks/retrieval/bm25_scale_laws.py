@@ -1,8 +1,8 @@
-"""The laws of benchmarks/bm25_scale.py's measurements (issue 48.3), fitted and extrapolated to
+"""The laws of benchmarks/retrieval/bm25_scale.py's measurements (issue 48.3), fitted and extrapolated to
 psgs_w100 (21,015,324 passages, 5,345,463 terms) and NQ's / TriviaQA's question splits; and the
 resources of the workflow's sharded BM25 rules at a chosen shard count S.
 
-    python benchmarks/bm25_scale_laws.py /tmp/fid_bm25_scale/results.jsonl [--choose 16]
+    python benchmarks/retrieval/bm25_scale_laws.py /tmp/fid_bm25_scale/results.jsonl [--choose 16]
 
 bm25_scale.py measures and calls `report` when it is done; this script refits a results file.
 Laws (least squares, printed with each point's relative residual): a job's peak RSS and CPU =
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.harness import table  # noqa: E402
 
 NQ_PASSAGES = 21_015_324

@@ -6,7 +6,7 @@ dependency of fid. Put it in a virtualenv of its own and point --pyserini-python
 
     python3 -m venv /tmp/pyserini-venv && /tmp/pyserini-venv/bin/pip install pyserini
     JAVA_HOME=/usr/lib/jvm/temurin-25-jdk-amd64 \\
-        .venv/bin/python benchmarks/pyserini_comparison.py --pyserini-python /tmp/pyserini-venv/bin/python
+        .venv/bin/python benchmarks/retrieval/pyserini_comparison.py --pyserini-python /tmp/pyserini-venv/bin/python
 
 This process (fid's environment) builds fid's index (build_bm25, rank_bm25) and scores both
 rankings; a child process in Pyserini's environment (this file with --worker) indexes the same
@@ -31,7 +31,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETS = {  # name: (passages, questions), the real sets of samples/
     "squad-open-tiny": ("squad-open-tiny/psgs_w100.tsv", "squad-open-tiny/questions.jsonl"),
     "dpr-nq-test-300": ("dpr/psgs_w100.subset.tsv", "dpr/nq-test.qas.head300.tsv"),
