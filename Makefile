@@ -5,18 +5,13 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo reader-demo slurm-profile test test-lowest-torch lint bench clean
+.PHONY: setup browser demo reader-demo slurm-profile test test-lowest-torch lint bench clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	command -v dot >/dev/null || (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) \
 		|| echo "graphviz not installed: snakemake --dag rendering will be skipped"
-	# Headless Chromium and its WebDriver for tests/test_serve_browser.py (fid serve's page).
-	(command -v chromium && command -v chromedriver) >/dev/null \
-		|| (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
-		|| (echo "tests/test_serve_browser.py needs chromium and chromium-driver: install them" \
-			"(Debian: apt-get install chromium chromium-driver)" >&2; exit 1)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
@@ -39,7 +34,15 @@ reader-demo: setup
 slurm-profile: setup
 	PYTHON=$(BIN)/python bash scripts/link_slurm_profile.sh
 
-test: setup
+# Headless Chromium and its WebDriver, for tests/test_serve_browser.py (fid serve's page) only:
+# the tests need them, the demo does not (a machine without root still runs `make demo`).
+browser:
+	(command -v chromium && command -v chromedriver) >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
+		|| (echo "tests/test_serve_browser.py needs chromium and chromium-driver: install them" \
+			"(Debian: apt-get install chromium chromium-driver)" >&2; exit 1)
+
+test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
