@@ -129,6 +129,13 @@ def _squad_data(out: Path, size: dict) -> dict:
     return paths
 
 
+def _records(path: Path) -> list[dict]:
+    """The question records of a JSON list (FiD lists) or a JSONL file (the demo's questions)."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(path.read_text())
+
+
 def _hits(retrieved: Path, texts: dict[str, str]) -> np.ndarray:
     """(Q, len(KS)) 0/1: an answer in the first k passages (fid's has-answer rule)."""
     rows = []
@@ -211,9 +218,9 @@ def run(name: str, out: Path, small: bool, seeds: list[int], sweep_seeds: list[i
     size = _sizes(small)
     out.mkdir(parents=True, exist_ok=True)
     paths = (_demo_data if name == "demo" else _squad_data)(out, size)
-    heldout = json.loads(paths["heldout"].read_text())
+    heldout = _records(paths["heldout"])
     paths["evaluated"] = out / "data/evaluated.json"
-    paths["evaluated"].write_text(json.dumps(heldout + json.loads(paths["dev"].read_text())))
+    paths["evaluated"].write_text(json.dumps(heldout + _records(paths["dev"])))
     _yaml(out / "embed.yaml", dict(precision="fp32"))
     _yaml(out / "retrieve.yaml", dict(top_k=max(KS), precision="fp32"))
     n_test = len(heldout)
