@@ -1,4 +1,4 @@
-"""benchmarks/distillation_signals.py --small on the demo world (issue 49): a row per signal
+"""benchmarks/reader/distillation_signals.py --small on the demo world (issue 49): a row per signal
 with the temperature its dev sweep chose, the two no-teacher controls (uniform, in_batch), and
 every row against each control with a paired bootstrap interval, p-value and Holm's adjusted
 p-value over the table's comparisons."""
@@ -24,7 +24,7 @@ def _table(lines: list[str]) -> dict[str, list[str]]:
 
 @pytest.mark.slow
 def test_small_demo_tables(tmp_path):
-    command = [sys.executable, str(ROOT / "benchmarks/distillation_signals.py"), "--data",
+    command = [sys.executable, str(ROOT / "benchmarks/reader/distillation_signals.py"), "--data",
                "demo", "--small", "--seeds", "0", "--rows", *ROWS, "--out", str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,7 +1,7 @@
 """Which signal teaches the retriever best, each read against two no-teacher controls.
 
-    python benchmarks/distillation_signals.py --data squad           # the measured set-up
-    python benchmarks/distillation_signals.py --data demo --small    # the test's size
+    python benchmarks/reader/distillation_signals.py --data squad           # the measured set-up
+    python benchmarks/reader/distillation_signals.py --data demo --small    # the test's size
 
 On each data set one small reader is trained (`fid train-reader`); `fid score-passages` scores
 its train and dev lists with each teacher; a retriever is distilled from each (`fid
@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fid.evaluation.paired_comparisons import compare_to_references, with_holm  # noqa: E402
