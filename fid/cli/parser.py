@@ -68,6 +68,23 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _add_system_flags(c: argparse.ArgumentParser) -> None:
+    """The flags that choose the system `fid ask` and `fid serve` answer with (one run's, or
+    the folders given)."""
+    c.add_argument("--run", type=Path, help="run folder (results/<run>) or name under results/")
+    c.add_argument("--round", type=int, help="the reader's round i (default: the newest trained)")
+    for name in ("reader", "retriever"):
+        c.add_argument(f"--{name}", type=Path, help=f"{name} folder (default: the round's)")
+    c.add_argument("--index", type=Path, help="folder from build-index (default: the round's)")
+    c.add_argument("--passages", type=Path, help="the indexed TSV or store (default: the run's)")
+    c.add_argument(
+        "--n-passages",
+        type=int,
+        help="passages retrieved and read per question (default: the config's n_passages, "
+        "else what the reader was trained on)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fid", description="Fusion-in-Decoder QA and reader-to-retriever distillation."
@@ -316,7 +333,8 @@ with no QUESTION, one question a line is read from stdin. Seconds per question g
 --run answers with the system the run built, as its report scored it (report/system.json): the
 newest round's reader (or --round i), iter<i>/reader/model, reading the lists of the retriever
 distilled in the round before, iter<i-1>/retriever/model and iter<i-1>/index (round 0 read the
-first retrieval's lists: give --retriever and --index), the run's passages (passages/store,
+first retrieval's lists: BM25's, bm25/index or its shards; for another, give --retriever and
+--index), the run's passages (passages/store,
 data/demo/world/passages.tsv, or data.passages of report/config.yaml) and knobs
 (config/eval_reader.yaml for --config, config/retrieve.yaml for the search); --reader,
 --retriever, --index, --passages replace them. Without --run, give all four. A question keeps
@@ -325,18 +343,7 @@ at most half of the reader's passage input (a warning says how many tokens were 
   fid ask --run results/demo Who governs Stolria?
   fid --threads 1 ask --run results/demo --json < questions.txt"""
     c.add_argument("question", nargs="*", metavar="QUESTION", help="its words (none: stdin)")
-    c.add_argument("--run", type=Path, help="run folder (results/<run>) or name under results/")
-    c.add_argument("--round", type=int, help="the reader's round i (default: the newest trained)")
-    for name in ("reader", "retriever"):
-        c.add_argument(f"--{name}", type=Path, help=f"{name} folder (default: the round's)")
-    c.add_argument("--index", type=Path, help="folder from build-index (default: the round's)")
-    c.add_argument("--passages", type=Path, help="the indexed TSV or store (default: the run's)")
-    c.add_argument(
-        "--n-passages",
-        type=int,
-        help="passages retrieved and read per question (default: the config's n_passages, "
-        "else what the reader was trained on)",
-    )
+    _add_system_flags(c)
     c.add_argument("--json", action="store_true", help="one JSON object per question (a line)")
 
     c = add("serve", commands.serve, "Answer questions in a browser: a run's system over HTTP.")
@@ -353,13 +360,7 @@ answers with fid ask --json's record, each passage with its "attention", and "se
 
   fid serve --run results/demo
   fid serve --run results/demo --port 0     # a free port: the printed URL says which"""
-    c.add_argument("--run", type=Path, help="run folder (results/<run>) or name under results/")
-    c.add_argument("--round", type=int, help="the reader's round i (default: the newest trained)")
-    for name in ("reader", "retriever"):
-        c.add_argument(f"--{name}", type=Path, help=f"{name} folder (default: the round's)")
-    c.add_argument("--index", type=Path, help="folder from build-index (default: the round's)")
-    c.add_argument("--passages", type=Path, help="the indexed TSV or store (default: the run's)")
-    c.add_argument("--n-passages", type=int, help="passages read per question (as fid ask's)")
+    _add_system_flags(c)
     c.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")  # fmt: skip
     c.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: a free one)")
