@@ -195,7 +195,11 @@ def test_data_rules_are_local_under_the_slurm_profile(tmp_path, name):
     # the plan names the hub models to fetch and what every stage will hold on disk
     rows = {stage: planned for stage, planned, _ in disk_plan(output)}
     assert {f"model {cfg['models']['reader']}", "model bert-base-uncased"} <= set(rows)
-    assert rows["downloads"] > 4e9 and rows["bm25 index"] > 8e9 and rows["iter2 index"] > 1e10
+    # BM25 in bm25.shards shards (issue 48): the statistics, then the shard indexes (each with
+    # the whole vocabulary) and their lists
+    bm25 = f"bm25 shard indexes and lists ({cfg['bm25']['shards']})"
+    assert cfg["bm25"]["shards"] > 1 and rows["bm25 statistics"] > 0
+    assert rows["downloads"] > 4e9 and rows[bm25] > 8e9 and rows["iter2 index"] > 1e10
     cfg["data"]["download_on_compute_nodes"] = True
     (tmp_path / "compute.yaml").write_text(yaml.safe_dump(cfg))
     assert not {"download", "extract"} & local_rules(tmp_path, tmp_path / "compute.yaml")
