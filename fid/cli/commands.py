@@ -348,13 +348,11 @@ def prepare_ask(args) -> None:
     import sys
 
     from fid.evaluation.ask_inputs import StdinQuestions, argument_question
-    from fid.evaluation.run_folder import run_paths
 
     args.questions = (
         [argument_question(args.question)] if args.question else StdinQuestions(sys.stdin)
     )
-    given = {name: getattr(args, name) for name in ("reader", "retriever", "index", "passages")}
-    args.paths = run_paths(args.run, args.round, **given)
+    prepare_serve(args)
 
 
 def ask(args) -> None:
@@ -373,7 +371,8 @@ def ask(args) -> None:
 
 
 def prepare_serve(args) -> None:
-    """`fid serve`'s run, checked before torch is imported (as `fid ask`'s)."""
+    """The paths of the system `fid serve` (and `fid ask`) answers with, checked before torch
+    is imported: the run's, or those the flags give."""
     from fid.evaluation.run_folder import run_paths
 
     given = {name: getattr(args, name) for name in ("reader", "retriever", "index", "passages")}

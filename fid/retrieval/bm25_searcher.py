@@ -26,7 +26,7 @@ from fid.retrieval.bm25_folder import (
     _check_index_matches,
     _load_meta,
 )
-from fid.retrieval.bm25_search import top_k
+from fid.retrieval.bm25_search import query_scores, top_k
 
 
 class BM25Searcher:
@@ -61,9 +61,7 @@ class BM25Searcher:
         """(passage ids, float32 scores) of `question`'s top k passages, best first."""
         found = []  # (score, global row, passage id) of each shard's top k
         for first_row, ids, meta, index in self.shards:
-            tokens = _query_tokens([question], meta)[0]
-            # (n,) every passage of the shard's score; no known word scores every passage 0
-            scores = index.get_scores(tokens) if tokens else np.zeros(len(ids), dtype=np.float32)
+            scores = query_scores(index, _query_tokens([question], meta)[0], len(ids))
             rows, top_scores = top_k(scores, min(k, len(ids)))
             found += zip(
                 top_scores.tolist(), (first_row + rows).tolist(), ids[rows].tolist(), strict=True
