@@ -193,3 +193,21 @@ def test_duplicate_ids_across_shards_are_refused_by_the_statistics(tmp_path, cap
     _refused(capsys, ["bm25-stats", "--passages", twice, "--output", out], out, twice,
              "duplicate id")  # fmt: skip
     shutil.rmtree(tmp_path / "stats", ignore_errors=True)
+
+
+def test_statistics_without_their_tokens_are_refused(built, tmp_path, capsys):
+    """A shard reads its passages' token ids from the statistics: a folder of the first format
+    (no tokens) or with a cut token file is refused by name, not read as other tokens."""
+    old = tmp_path / "stats-v1"
+    shutil.copytree(built["root"] / "stats", old)
+    meta = json.loads((old / "meta.json").read_text())
+    (old / "meta.json").write_text(json.dumps({**meta, "format": "fid-bm25-stats/1"}))
+    out = tmp_path / "shard"
+    argv = ["build-bm25", "--passages", PASSAGES, "--shard", "1/3", "--stats", old, "--output", out]
+    _refused(capsys, argv, out, old / "meta.json", "fid-bm25-stats/1", "fid-bm25-stats/2")
+    cut = tmp_path / "stats-cut"
+    shutil.copytree(built["root"] / "stats", cut)
+    tokens = cut / "token_ids.i32"
+    tokens.write_bytes(tokens.read_bytes()[:-4])
+    argv = ["build-bm25", "--passages", PASSAGES, "--shard", "3/3", "--stats", cut, "--output", out]
+    _refused(capsys, argv, out, tokens, "count the statistics again")

@@ -14,17 +14,20 @@ from pathlib import Path
 import bm25s
 import numpy as np
 import pytest
+from bm25s.tokenization import Tokenizer
 
 from fid.cli import main
 from fid.config import BM25Config, WorldConfig
+from fid.data.passages import iter_passages
 from fid.data.questions import load_questions
 from fid.demo.files import write_world
 from fid.demo.world import build_world
 from fid.retrieval.bm25 import build_bm25
+from fid.retrieval.bm25_analysis import _tokenizer
 from fid.retrieval.bm25_merge import merge_top_k, read_shard_lists, retrieve_bm25_shard
 from fid.retrieval.bm25_search import search_bm25
 from fid.retrieval.bm25_shard import build_bm25_shard
-from fid.retrieval.bm25_stats import count_corpus_stats
+from fid.retrieval.bm25_stats import count_corpus_stats, load_stats
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 SQUAD = SAMPLES / "squad-open-tiny"
@@ -159,3 +162,31 @@ def test_the_commands_write_retrieve_bm25s_file(list_format, demo_dir, tmp_path)
                  str(passages), "--questions", str(questions), "--output",
                  str(tmp_path / "merged.out")]) == 0  # fmt: skip
     assert (tmp_path / "merged.out").read_bytes() == (tmp_path / "whole.out").read_bytes()
+
+
+def test_the_corpus_is_tokenized_once(demo_dir, tmp_path, monkeypatch):
+    """bm25-stats keeps every passage's token ids (the ids of one tokenization of the whole
+    file); a shard build reads its rows of them and tokenizes nothing (issue 48: tokenizing
+    twice made sharding cost 1.4x one index's CPU)."""
+    passages, _ = _dataset("demo", demo_dir)
+    cfg = BM25Config()
+    count_corpus_stats(passages, tmp_path / "stats", cfg)
+    stats = load_stats(tmp_path / "stats", cfg)
+    tokenizer = _tokenizer(stats.meta["analysis"])
+    texts = [f"{p.title} {p.text}" for p in iter_passages(passages)]
+    expected = list(tokenizer.streaming_tokenize(texts, update_vocab=True, allow_empty=True))
+    assert tokenizer.get_vocab_dict() == stats.vocabulary
+    for first, rows in [(0, len(texts)), (100, 7)]:
+        flat, offsets, pairs = stats.passage_tokens(first, rows)
+        assert [ids.tolist() for ids in np.split(flat, offsets[1:-1])] == expected[
+            first : first + rows
+        ]
+        assert pairs == sum(len(set(ids)) for ids in expected[first : first + rows])
+
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("a shard build tokenized passages")
+
+    monkeypatch.setattr(Tokenizer, "streaming_tokenize", no_tokenizing)
+    monkeypatch.setattr(Tokenizer, "tokenize", no_tokenizing)
+    for k in (1, 2, 3):
+        build_bm25_shard(passages, tmp_path / f"shard{k}", cfg, tmp_path / "stats", k, 3)

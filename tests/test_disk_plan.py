@@ -116,3 +116,19 @@ def test_plan_disk_refuses_what_does_not_fit_and_names_a_missing_input(tmp_path,
     assert code == 1 and "DOES NOT FIT" in out and "1000000 checkpoints" in out
     assert main(["plan-disk", "--for", "embed-passages", "--model", "t5-base"]) != 0
     assert main(["plan-disk", "--for", "build-bm25", "--passages", str(tmp_path / "no.tsv")]) != 0
+
+
+def test_disk_plan_of_bm25_statistics_equals_what_they_write(tmp_path):
+    """The sharded index's statistics folder (vocabulary, df and the tokenized corpus its
+    shards read) as the workflow's disk plan sizes it: within 20% on real Wikipedia text."""
+    from fid.config import BM25Config
+    from fid.memory.disk_sizes import TextStats, bm25_stats_bytes, corpus
+    from fid.retrieval.bm25 import text_statistics
+    from fid.retrieval.bm25_stats import count_corpus_stats
+
+    passages, cfg = SQUAD / "psgs_w100.tsv", BM25Config()
+    text = TextStats(**text_statistics(passages, cfg))
+    planned, _ = bm25_stats_bytes(corpus(passages, None), text)
+    count_corpus_stats(passages, tmp_path / "stats", cfg)
+    held = folder_bytes(tmp_path / "stats")
+    assert abs(planned - held) <= 0.2 * held, (planned, held)

@@ -37,6 +37,8 @@ from fid.runtime.disk_plan import DiskRow, folder_bytes, format_size
 GZIP_TEXT_RATIO = 2.8
 PASSAGE_LINE_BYTES = 620
 BM25_TERM_BYTES = 28
+# bm25-stats' vocabulary: a term's df (int64) and its JSON string (a stem, quotes, ", ")
+BM25_STATS_TERM_BYTES = 20
 COMPACT_ENTRY_BYTES = 37
 FID_JSON_ENTRY_OVERHEAD = 155
 SCORES_OVER_LISTS = {"fid_json": 1.1, "compact": 1.52}
@@ -149,10 +151,13 @@ def bm25_shards_bytes(corpus_: Corpus, text: TextStats, shards: int) -> tuple[in
 
 
 def bm25_stats_bytes(corpus_: Corpus, text: TextStats) -> tuple[int, str]:
-    """(bytes, basis) of bm25-stats' folder: the vocabulary and its document frequencies."""
+    """(bytes, basis) of bm25-stats' folder: the vocabulary and its document frequencies, and
+    the tokenized corpus the shard builds read (4 B a token, 12 B a passage:
+    fid.retrieval.bm25_stats)."""
     tokens = corpus_.text_bytes * text.tokens_per_byte
     terms = int(min(tokens, text.heaps_k * tokens**text.heaps_beta))
-    return terms * BM25_TERM_BYTES, f"~{terms:,} terms"
+    planned = terms * BM25_STATS_TERM_BYTES + int(tokens) * 4 + corpus_.passages * 12
+    return planned, f"~{terms:,} terms, {int(tokens):,} tokens"
 
 
 def list_bytes(questions: int, top_k: int, corpus_: Corpus, compact: bool) -> int:

@@ -12,16 +12,18 @@ the whole matrix). The folder has the layout of build_bm25's, so `search_bm25(..
 searches it; its meta.json (format SHARD_INDEX_FORMAT) records the shard, its rows and the
 statistics' fingerprint, which the merge checks (fid.retrieval.bm25_merge).
 
+The shard does not tokenize: its passages' token ids are read from the statistics folder,
+which tokenized the corpus once (`CorpusStats.passage_tokens`); the passage file gives the
+passage ids and is checked to be the one counted.
+
 Memory: the shard's token ids (4 bytes a token), its score matrix (12 bytes a distinct
 (passage, token) pair), and the global vocabulary and df (the size of any BM25 build's).
 """
 
 from __future__ import annotations
 
-import array
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import bm25s
@@ -39,9 +41,8 @@ from fid.data.passage_store import file_sha256
 from fid.data.passages import check_unique_ids, iter_passages, passage_shard_bounds, read_header
 from fid.errors import DataError, InputError
 from fid.retrieval.bm25 import _FlatDocs
-from fid.retrieval.bm25_analysis import _tokenizer
 from fid.retrieval.bm25_folder import _IDS, _META, SHARD_INDEX_FORMAT
-from fid.retrieval.bm25_stats import CorpusStats, DocFrequencyCounter, load_stats
+from fid.retrieval.bm25_stats import CorpusStats, load_stats
 from fid.runtime.fileio import atomic_directory, atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def _check_corpus(passages_path: Path, stats: CorpusStats, stats_dir: Path) -> N
         )
 
 
-def shard_score_matrix(retriever: bm25s.BM25, docs: _FlatDocs, shard_df: np.ndarray,
+def shard_score_matrix(retriever: bm25s.BM25, docs: _FlatDocs, pairs: int,
                        stats: CorpusStats) -> dict:  # fmt: skip
     """bm25s's score matrix of a shard's passages (`docs`, token ids of the global vocabulary)
     under the corpus-wide statistics: `BM25.build_index_from_ids`'s steps, with the global N,
@@ -101,10 +102,11 @@ def shard_score_matrix(retriever: bm25s.BM25, docs: _FlatDocs, shard_df: np.ndar
         )  # fmt: skip
     idf_array = _build_idf_array(doc_frequencies=global_df, n_docs=n_docs,
                                  compute_idf_fn=idf_fn, dtype=retriever.dtype)  # fmt: skip
-    # doc_frequencies only sizes the entry arrays here (their sum): the shard's own df.
+    # doc_frequencies only sizes the entry arrays here: their sum, the shard's distinct
+    # (passage, token) pairs, is each array's length (bm25s fills every entry, trims none).
     scores_flat, doc_idx, vocab_idx = _build_scores_and_indices_for_matrix(
         corpus_token_ids=docs, idf_array=idf_array, avg_doc_len=avg_doc_len,
-        doc_frequencies=dict(enumerate(shard_df.tolist())), k1=retriever.k1, b=retriever.b,
+        doc_frequencies={0: pairs}, k1=retriever.k1, b=retriever.b,
         delta=retriever.delta, nonoccurrence_array=retriever.nonoccurrence_array,
         method=retriever.method, dtype=retriever.dtype, int_dtype=retriever.int_dtype,
         show_progress=False,
@@ -137,20 +139,7 @@ def build_bm25_shard(passages_path: str | Path, index_dir: str | Path, cfg: BM25
     first_row, lines = _passage_lines(passages_path, start, end)
     n_total = int(stats.meta["n_passages"])
 
-    tokenizer = _tokenizer(stats.meta["analysis"])  # a vocabulary of the shard's own: ids local
-    ids: list[str] = []
-    flat, offsets = array.array("i"), array.array("q", [0])
-    counter = DocFrequencyCounter()
-
-    def texts() -> Iterator[str]:
-        for passage in iter_passages(passages_path, start, end):
-            ids.append(passage.id)
-            yield f"{passage.title} {passage.text}"
-
-    for token_ids in tokenizer.streaming_tokenize(texts(), update_vocab=True, allow_empty=True):
-        flat.extend(token_ids)
-        offsets.append(len(flat))
-        counter.add(token_ids)
+    ids = [passage.id for passage in iter_passages(passages_path, start, end)]
     if not ids:
         raise DataError(
             f"{passages_path}: shard {shard} of {n_shards} holds no passages (the file has "
@@ -163,21 +152,11 @@ def build_bm25_shard(passages_path: str | Path, index_dir: str | Path, cfg: BM25
             "one index (no --shard) for this file."
         )
     check_unique_ids(ids, f"{passages_path} (shard {shard} of {n_shards})")
-    local = tokenizer.get_vocab_dict()  # token -> shard id
-    to_global = np.empty(len(local), dtype=np.int32)  # shard id -> the statistics' id
-    for token, local_id in local.items():
-        if token not in stats.vocabulary:
-            raise DataError(f"{passages_path}: token {token!r} is not in the vocabulary of the "
-                            f"BM25 statistics {stats_dir}: count them again")  # fmt: skip
-        to_global[local_id] = stats.vocabulary[token]
-    docs = _FlatDocs(to_global[np.frombuffer(flat, dtype=np.int32)],
-                     np.frombuffer(offsets, dtype=np.int64), total_passes=1)  # fmt: skip
-    del flat
-    shard_df = np.zeros(len(stats.vocabulary), dtype=np.int64)
-    shard_df[to_global] = counter.result(len(local))
+    flat, offsets, pairs = stats.passage_tokens(first_row, len(ids))
+    docs = _FlatDocs(flat, offsets, total_passes=1)
 
     retriever = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
-    retriever.scores = shard_score_matrix(retriever, docs, shard_df, stats)
+    retriever.scores = shard_score_matrix(retriever, docs, pairs, stats)
     retriever.vocab_dict = stats.vocabulary
     retriever.unique_token_ids_set = set(stats.vocabulary.values())
     meta = {

@@ -14,10 +14,16 @@ The folder written:
   lists carry, so that the merge refuses a shard of another corpus;
 - `vocabulary.json`: the tokens (stems) in the order of their ids, which are the ids that one
   index over the whole file gives them (bm25s numbers tokens by first appearance);
-- `doc_freqs.npy`: (V,) int64, df of token id t at [t].
+- `doc_freqs.npy`: (V,) int64, df of token id t at [t];
+- the corpus tokenized, so that no shard tokenizes its passages again (tokenizing is most of
+  the CPU of both passes: ~90 us a passage): `token_ids.i32`, every passage's token ids (these
+  global ids) concatenated, raw little-endian int32 (streamed, so no .npy header);
+  `token_offsets.npy`, (N + 1,) int64, passage row r's ids are [offsets[r], offsets[r + 1]);
+  `distinct_tokens.npy`, (N,) int32, its distinct ids (the entries of its score-matrix row).
+  4 bytes a token and 12 a passage: ~6 GB for psgs_w100.
 
-Memory: passages are never held; the vocabulary (as in any BM25 build), df, and 8 bytes a
-passage for the duplicate-id check.
+Memory: passages are never held; the vocabulary (as in any BM25 build), df, and 20 bytes a
+passage (the duplicate-id check's hashes, the offsets and distinct counts).
 """
 
 from __future__ import annotations
@@ -44,10 +50,13 @@ from fid.text_files import read_json
 
 logger = logging.getLogger(__name__)
 
-STATS_FORMAT = "fid-bm25-stats/1"
+STATS_FORMAT = "fid-bm25-stats/2"  # /2: with the tokenized corpus (/1 had none)
 _META = "meta.json"
 _VOCABULARY = "vocabulary.json"
 _DOC_FREQS = "doc_freqs.npy"
+_TOKEN_IDS = "token_ids.i32"
+_TOKEN_OFFSETS = "token_offsets.npy"
+_DISTINCT = "distinct_tokens.npy"
 
 
 def analysis_of(cfg: BM25Config) -> dict:
@@ -83,12 +92,14 @@ class DocFrequencyCounter:
         self.pairs = 0  # distinct (passage, token) pairs: the entries of the score matrix
         self._buffer = array.array("i")
 
-    def add(self, token_ids: list[int]) -> None:
+    def add(self, token_ids: list[int]) -> int:
+        """Counts one passage's ids; returns how many are distinct."""
         distinct = set(token_ids)
         self._buffer.extend(distinct)
         self.pairs += len(distinct)
         if len(self._buffer) >= self._FLUSH:
             self._flush()
+        return len(distinct)
 
     def _flush(self) -> None:
         ids = np.frombuffer(self._buffer, dtype=np.int32)
@@ -114,6 +125,28 @@ class CorpusStats:
     meta: dict
     vocabulary: dict[str, int]  # token -> id, ids 0..V-1
     doc_freqs: np.ndarray  # (V,) int64
+    folder: Path
+
+    def passage_tokens(self, first_row: int, rows: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Passage rows first_row .. first_row + rows - 1 as counted: ((T,) int32 token ids,
+        (rows + 1,) int64 offsets into them from 0, their distinct (passage, token) pairs).
+        Reads only those rows' bytes (memory-mapped)."""
+        offsets = np.load(self.folder / _TOKEN_OFFSETS, mmap_mode="r")
+        distinct = np.load(self.folder / _DISTINCT, mmap_mode="r")
+        if len(offsets) != self.meta["n_passages"] + 1 or len(distinct) != len(offsets) - 1:
+            raise DataError(f"{self.folder}: {_TOKEN_OFFSETS} or {_DISTINCT} does not hold the "
+                            f"{self.meta['n_passages']} passages of {_META}: count the "
+                            "statistics again")  # fmt: skip
+        bounds = np.array(offsets[first_row : first_row + rows + 1], dtype=np.int64)
+        path = self.folder / _TOKEN_IDS
+        if path.stat().st_size != 4 * int(offsets[-1]):
+            raise DataError(f"{path}: {path.stat().st_size} bytes, expected 4 a token for the "
+                            f"{int(offsets[-1])} tokens of {_TOKEN_OFFSETS}: count the "
+                            "statistics again")  # fmt: skip
+        ids = np.fromfile(path, dtype="<i4", count=int(bounds[-1] - bounds[0]),
+                          offset=4 * int(bounds[0]))  # fmt: skip
+        pairs = int(np.sum(distinct[first_row : first_row + rows], dtype=np.int64))
+        return ids.astype(np.int32, copy=False), bounds - bounds[0], pairs
 
     @property
     def avg_doc_len(self) -> np.float64:
@@ -135,7 +168,7 @@ def count_corpus_stats(passages_path: str | Path, output: str | Path, cfg: BM25C
     tokenizer = _tokenizer(analysis)
     counter = DocFrequencyCounter()
     id_hashes = array.array("q")  # 8 bytes a passage: duplicate ids without holding the ids
-    n_tokens = 0
+    offsets, distinct = array.array("q", [0]), array.array("i")
     total = count_passages(passages_path)
 
     def texts() -> Iterator[str]:
@@ -145,13 +178,36 @@ def count_corpus_stats(passages_path: str | Path, output: str | Path, cfg: BM25C
                 yield f"{passage.title} {passage.text}"
                 bar.update()
 
-    # The tokenizer, its calls and its vocabulary as build_bm25's: the same ids, in the same order.
-    for token_ids in tokenizer.streaming_tokenize(texts(), update_vocab=True, allow_empty=True):
-        n_tokens += len(token_ids)
-        counter.add(token_ids)
-    if not id_hashes:
-        raise DataError(f"{passages_path}: no passages to index")
-    _check_unique_ids(passages_path, np.frombuffer(id_hashes, dtype=np.int64))
+    with atomic_directory(output) as tmp:
+        # The tokenizer, its calls and its vocabulary as build_bm25's: the same ids, in order.
+        with open(tmp / _TOKEN_IDS, "wb") as tokens_file:
+            buffer = array.array("i")
+            for token_ids in tokenizer.streaming_tokenize(texts(), update_vocab=True,
+                                                          allow_empty=True):  # fmt: skip
+                buffer.extend(token_ids)
+                offsets.append(offsets[-1] + len(token_ids))
+                distinct.append(counter.add(token_ids))
+                if len(buffer) >= DocFrequencyCounter._FLUSH:
+                    _write_int32(tokens_file, buffer)
+                    buffer = array.array("i")
+            _write_int32(tokens_file, buffer)
+        if not id_hashes:
+            raise DataError(f"{passages_path}: no passages to index")
+        _check_unique_ids(passages_path, np.frombuffer(id_hashes, dtype=np.int64))
+        _write_stats(tmp, passages_path, cfg, tokenizer, counter, offsets, distinct)
+    logger.info("BM25 statistics of %d passages (%d tokens) -> %s", len(id_hashes), offsets[-1],
+                output)  # fmt: skip
+
+
+def _write_int32(handle, values: array.array) -> None:
+    """Raw int32 in little-endian order, whatever the machine's."""
+    np.frombuffer(values, dtype=np.int32).astype("<i4", copy=False).tofile(handle)
+
+
+def _write_stats(tmp: Path, passages_path: Path, cfg: BM25Config, tokenizer, counter,
+                 offsets: array.array, distinct: array.array) -> None:  # fmt: skip
+    """The statistics' files but the token ids (already written) into the folder `tmp`."""
+    analysis = analysis_of(cfg)
     vocab = tokenizer.get_vocab_dict()
     tokens = sorted(vocab, key=vocab.__getitem__)
     if [vocab[token] for token in tokens] != list(range(len(tokens))):
@@ -163,19 +219,18 @@ def count_corpus_stats(passages_path: str | Path, output: str | Path, cfg: BM25C
         "source": str(passages_path),
         "bytes": passages_path.stat().st_size,
         "sha256": sha256,
-        "n_passages": len(id_hashes),
-        "n_tokens": n_tokens,
+        "n_passages": len(distinct),
+        "n_tokens": offsets[-1],
         "vocab_size": len(tokens),
         "analysis": analysis,
         **versions,
         "fingerprint": fingerprint(sha256, passages_path.stat().st_size, analysis, versions),
     }
-    with atomic_directory(output) as tmp:
-        np.save(tmp / _DOC_FREQS, counter.result(len(tokens)), allow_pickle=False)
-        atomic_write_json(tmp / _VOCABULARY, tokens)
-        atomic_write_json(tmp / _META, meta)
-    logger.info("BM25 statistics of %d passages (%d tokens, vocabulary %d) -> %s",
-                meta["n_passages"], n_tokens, len(tokens), output)  # fmt: skip
+    np.save(tmp / _DOC_FREQS, counter.result(len(tokens)), allow_pickle=False)
+    np.save(tmp / _TOKEN_OFFSETS, np.frombuffer(offsets, dtype=np.int64), allow_pickle=False)
+    np.save(tmp / _DISTINCT, np.frombuffer(distinct, dtype=np.int32), allow_pickle=False)
+    atomic_write_json(tmp / _VOCABULARY, tokens)
+    atomic_write_json(tmp / _META, meta)
 
 
 def _id_hash(passage_id: str) -> int:
@@ -243,4 +298,4 @@ def load_stats(stats_dir: str | Path, cfg: BM25Config) -> CorpusStats:
     if not isinstance(tokens, list) or not len(tokens) == meta["vocab_size"] == len(doc_freqs):
         raise DataError(f"{stats_dir}: {_VOCABULARY} and {_DOC_FREQS} do not hold the "
                         f"{meta['vocab_size']} tokens of {_META}: count the statistics again")  # fmt: skip
-    return CorpusStats(meta, {token: i for i, token in enumerate(tokens)}, doc_freqs)
+    return CorpusStats(meta, {token: i for i, token in enumerate(tokens)}, doc_freqs, stats_dir)
