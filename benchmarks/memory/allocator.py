@@ -69,6 +69,34 @@ CANDIDATES: dict[str, tuple[dict, dict, bool]] = {
         {},
         False,
     ),  # fmt: skip
+    # decays past a step's length (a t5-small step at N = 10: ~8 s): pages a step frees are
+    # reused by the next before they are purged
+    "jemalloc-30s": (
+        {
+            "LD_PRELOAD": str(LIB / "libjemalloc.so.2"),
+            "MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:30000,muzzy_decay_ms:0",
+        },
+        {},
+        False,
+    ),  # fmt: skip
+    "jemalloc-60s": (
+        {
+            "LD_PRELOAD": str(LIB / "libjemalloc.so.2"),
+            "MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:60000,muzzy_decay_ms:0",
+        },
+        {},
+        False,
+    ),  # fmt: skip
+    # freed pages handed back lazily (MADV_FREE at once: reclaimed only under memory pressure,
+    # a cgroup's limit included; reused without a fault until then), never purged outright
+    "jemalloc-lazy": (
+        {
+            "LD_PRELOAD": str(LIB / "libjemalloc.so.2"),
+            "MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:0,muzzy_decay_ms:-1",
+        },
+        {},
+        False,
+    ),  # fmt: skip
     "jemalloc-1s": (
         {
             "LD_PRELOAD": str(LIB / "libjemalloc.so.2"),
