@@ -43,6 +43,13 @@ MIB = 2**20
 LIB = Path("/usr/lib/x86_64-linux-gnu")
 MINILM = dict(hidden_size=384, intermediate_size=1536, num_attention_heads=12,
               num_hidden_layers=6, vocab_size=30522)  # fmt: skip
+
+
+def _jemalloc(conf: str) -> tuple[dict, dict, bool]:
+    """A jemalloc candidate: Debian's libjemalloc2 preloaded with MALLOC_CONF `conf`."""
+    return {"LD_PRELOAD": str(LIB / "libjemalloc.so.2"), "MALLOC_CONF": conf}, {}, False
+
+
 # name -> (environment at the process's start, mallopt settings, malloc_trim(0) after each run)
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -2, -3, -4  # malloc.h's numbers
 CANDIDATES: dict[str, tuple[dict, dict, bool]] = {
@@ -64,55 +71,16 @@ CANDIDATES: dict[str, tuple[dict, dict, bool]] = {
     # jemalloc serves a request of oversize_threshold (8 MiB) or more from an arena that
     # purges at once (each such tensor faulted in afresh); 0 turns that off
     "jemalloc": ({"LD_PRELOAD": str(LIB / "libjemalloc.so.2")}, {}, False),
-    "jemalloc-10s": (
-        {"LD_PRELOAD": str(LIB / "libjemalloc.so.2"), "MALLOC_CONF": "oversize_threshold:0"},
-        {},
-        False,
-    ),  # fmt: skip
+    "jemalloc-10s": _jemalloc("oversize_threshold:0"),
     # decays past a step's length (a t5-small step at N = 10: ~8 s): pages a step frees are
     # reused by the next before they are purged
-    "jemalloc-30s": (
-        {
-            "LD_PRELOAD": str(LIB / "libjemalloc.so.2"),
-            "MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:30000,muzzy_decay_ms:0",
-        },
-        {},
-        False,
-    ),  # fmt: skip
-    "jemalloc-60s": (
-        {
-            "LD_PRELOAD": str(LIB / "libjemalloc.so.2"),
-            "MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:60000,muzzy_decay_ms:0",
-        },
-        {},
-        False,
-    ),  # fmt: skip
+    "jemalloc-30s": _jemalloc("oversize_threshold:0,dirty_decay_ms:30000,muzzy_decay_ms:0"),
+    "jemalloc-60s": _jemalloc("oversize_threshold:0,dirty_decay_ms:60000,muzzy_decay_ms:0"),
     # freed pages handed back lazily (MADV_FREE at once: reclaimed only under memory pressure,
     # a cgroup's limit included; reused without a fault until then), never purged outright
-    "jemalloc-lazy": (
-        {
-            "LD_PRELOAD": str(LIB / "libjemalloc.so.2"),
-            "MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:0,muzzy_decay_ms:-1",
-        },
-        {},
-        False,
-    ),  # fmt: skip
-    "jemalloc-1s": (
-        {
-            "LD_PRELOAD": str(LIB / "libjemalloc.so.2"),
-            "MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:1000,muzzy_decay_ms:0",
-        },
-        {},
-        False,
-    ),  # fmt: skip
-    "jemalloc-keep": (
-        {
-            "LD_PRELOAD": str(LIB / "libjemalloc.so.2"),
-            "MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1",
-        },
-        {},
-        False,
-    ),  # fmt: skip
+    "jemalloc-lazy": _jemalloc("oversize_threshold:0,dirty_decay_ms:0,muzzy_decay_ms:-1"),
+    "jemalloc-1s": _jemalloc("oversize_threshold:0,dirty_decay_ms:1000,muzzy_decay_ms:0"),
+    "jemalloc-keep": _jemalloc("oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1"),
     "tcmalloc": ({"LD_PRELOAD": str(LIB / "libtcmalloc_minimal.so.4")}, {}, False),
     # gperftools returns freed pages by count (load-independent), the more the higher the rate
     "tcmalloc-10": (
