@@ -5,8 +5,8 @@ the resident peak against the tensors fid's memory plan predicts (issue 46.3).
     python benchmarks/memory/allocator.py --passages 10  # N = 10 only (~15 min idle)
     python benchmarks/memory/allocator.py --candidates glibc,fixed-256k,tcmalloc --ops train
 
-jemalloc and tcmalloc rows need Debian's libjemalloc2 and libtcmalloc-minimal4 (apt-get
-install; not in `make setup`: fid does not use them); a row says "not installed" otherwise.
+jemalloc, tcmalloc and mimalloc rows need Debian's libjemalloc2, libtcmalloc-minimal4 and
+libmimalloc2.0 (apt-get install; not in `make setup`: fid does not use them); a row says "not installed" otherwise.
 
 Each (candidate, operation, N) runs in a fresh process (an allocator is chosen per process:
 LD_PRELOAD and glibc's tunables are read at its start, mallopt in it), one torch thread: the
@@ -81,6 +81,14 @@ CANDIDATES: dict[str, tuple[dict, dict, bool]] = {
     "jemalloc-lazy": _jemalloc("oversize_threshold:0,dirty_decay_ms:0,muzzy_decay_ms:-1"),
     "jemalloc-1s": _jemalloc("oversize_threshold:0,dirty_decay_ms:1000,muzzy_decay_ms:0"),
     "jemalloc-keep": _jemalloc("oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1"),
+    # Microsoft's mimalloc (Debian's libmimalloc2.0, 2.0.9): frees its pages back after
+    # reset_delay ms (100 by default)
+    "mimalloc": ({"LD_PRELOAD": str(LIB / "libmimalloc.so.2")}, {}, False),
+    "mimalloc-10s": (
+        {"LD_PRELOAD": str(LIB / "libmimalloc.so.2"), "MIMALLOC_RESET_DELAY": "10000"},
+        {},
+        False,
+    ),  # fmt: skip
     "tcmalloc": ({"LD_PRELOAD": str(LIB / "libtcmalloc_minimal.so.4")}, {}, False),
     # gperftools returns freed pages by count (load-independent), the more the higher the rate
     "tcmalloc-10": (
