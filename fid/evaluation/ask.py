@@ -177,7 +177,7 @@ class AskSystem:
             paths.retriever or "none (BM25)", paths.index or ", ".join(map(str, paths.bm25)),
             paths.passages, self.cfg.n_passages,
         )  # fmt: skip
-        if paths.system is not None and not _replaced(paths):
+        if paths.system is not None and not paths.replaced:
             logger.info("the run's system (the report's headline scores it): %s",
                         paths.system.describe())  # fmt: skip
 
@@ -185,7 +185,7 @@ class AskSystem:
     def description(self) -> str:
         """One line: the run's system (`RunSystem.describe`), or the folders it reads."""
         paths = self.paths
-        if paths.system is not None and not _replaced(paths):
+        if paths.system is not None and not paths.replaced:
             return paths.system.describe()
         return (f"the reader {paths.reader} reading the top {self.cfg.n_passages} passages "
                 f"of the index {paths.index} (retriever {paths.retriever})")  # fmt: skip
@@ -264,15 +264,6 @@ def _within_budget(question: str, tokenizer, passage_max_tokens: int, number: in
         kept[:60] + ("..." if len(kept) > 60 else ""),
     )  # fmt: skip
     return kept
-
-
-def _replaced(paths: RunPaths) -> bool:
-    """Whether a flag replaced a model or index of the run's system."""
-    system = paths.system
-    return system is not None and (
-        (paths.reader, paths.retriever, paths.index)
-        != (system.reader, system.retriever, system.index)
-    )
 
 
 def _configs(paths: RunPaths, config: Path | None, n_passages: int | None, device):
