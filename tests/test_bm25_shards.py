@@ -190,3 +190,41 @@ def test_the_corpus_is_tokenized_once(demo_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(Tokenizer, "tokenize", no_tokenizing)
     for k in (1, 2, 3):
         build_bm25_shard(passages, tmp_path / f"shard{k}", cfg, tmp_path / "stats", k, 3)
+
+
+def test_the_merge_folds_one_shard_at_a_time(monkeypatch):
+    """merge_top_k takes the shards one at a time (merge-bm25-lists reads each when its turn
+    comes, so it holds two shards' lists, not S) and gives what sorting all at once gives,
+    ties (equal scores, many here) by row."""
+    from fid.retrieval.bm25_merge import ShardLists
+
+    rng, k, q = np.random.default_rng(0), 7, 50
+    shards = []
+    for i, size in enumerate([7, 3, 7, 7, 5]):  # a shard may hold fewer than k passages
+        own = np.tile(np.arange(i * 100, (i + 1) * 100), (q, 1))  # the shard's rows
+        rows = rng.permuted(own, axis=1)[:, :size]  # distinct rows a question
+        scores = rng.integers(0, 4, (q, size)).astype(np.float32)  # few values: ties
+        order = np.lexsort((rows, -scores), axis=-1)  # a shard's lists: best first, by row
+        rows, scores = (np.take_along_axis(a, order, axis=1) for a in (rows, scores))
+        shards.append(ShardLists(Path(str(i)), {}, np.arange(q).astype(str), rows, scores,
+                                 rows.astype(str)))  # fmt: skip
+    read, folds, lexsort = [], [], np.lexsort
+
+    def one_at_a_time():
+        for shard in shards:
+            read.append(shard)
+            yield shard
+
+    def counted(*args, **kwargs):
+        folds.append(len(read))  # shards read when this fold sorts
+        return lexsort(*args, **kwargs)
+
+    monkeypatch.setattr(np, "lexsort", counted)
+    rows, scores, ids = merge_top_k(one_at_a_time(), k)
+    assert folds == [1, 2, 3, 4, 5]
+    everything = [np.concatenate([getattr(s, a) for s in shards], axis=1)
+                  for a in ("rows", "scores")]  # fmt: skip
+    order = lexsort((everything[0], -everything[1]), axis=-1)[:, :k]
+    assert np.array_equal(rows, np.take_along_axis(everything[0], order, axis=1))
+    assert np.array_equal(scores, np.take_along_axis(everything[1], order, axis=1))
+    assert np.array_equal(ids, rows.astype(str))

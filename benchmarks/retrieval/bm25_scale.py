@@ -256,17 +256,21 @@ def measure_size(results: Results, folder: Path, n: int, shard_counts: list[int]
 def merge_arrays(q: int, s: int, k: int = 100) -> None:
     """(A child's work, --merge-arrays Q S.) What merge-bm25-lists holds beyond the list writer's
     chunk of 1,024 questions, at a question count no shard search here reaches: S shards' (Q, k)
-    arrays as read_shard_lists returns them, merge_top_k, and the lists the writer is given."""
+    arrays as read_shard_lists returns them (one at a time), merge_top_k, and the lists the writer
+    is given."""
     import numpy as np
 
     from fid.retrieval.bm25_merge import ShardLists, merge_top_k
 
-    rng, shards = np.random.default_rng(0), []
-    for i in range(s):
-        rows = np.sort(rng.integers(i * 10**6, (i + 1) * 10**6, size=(q, k)), axis=1)
-        shards.append(ShardLists(Path(str(i)), {}, np.arange(q).astype("<U8"), rows,
-                                 rng.random((q, k), dtype=np.float32), rows.astype("<U8")))  # fmt: skip
-    rows, scores, ids = merge_top_k(shards, k)
+    rng = np.random.default_rng(0)
+
+    def shards():  # read one at a time, as merge-bm25-lists reads them
+        for i in range(s):
+            rows = np.sort(rng.integers(i * 10**6, (i + 1) * 10**6, size=(q, k)), axis=1)
+            yield ShardLists(Path(str(i)), {}, np.arange(q).astype("<U8"), rows,
+                             rng.random((q, k), dtype=np.float32), rows.astype("<U8"))  # fmt: skip
+
+    rows, scores, ids = merge_top_k(shards(), k)
     held = ids.tolist(), scores.tolist()
     assert len(held[0]) == q
 

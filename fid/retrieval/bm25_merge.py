@@ -11,6 +11,10 @@ Shard lists (one .npz file a shard, written atomically): `meta` (a JSON string: 
 rows, the statistics' fingerprint, top_k and the scoring), `question_ids` (Q,), `rows` (Q, k)
 int64 global passage rows, best first, `scores` (Q, k) float32 and `passage_ids` (Q, k).
 
+The merge reads the shards' metadata and question ids first and checks them all, then folds the
+shards in one at a time into each question's running top k: it holds two shards' (Q, k) arrays at
+most, whatever the shard count S (before: all S at once, ~95 B per question, shard and rank).
+
 The merge refuses, naming the file: a shard whose lists are missing (its job failed or did not
 run) or unreadable, one of another shard count, one counted twice, one built with other
 statistics (a changed corpus: another fingerprint than the statistics given), and lists of other
@@ -19,9 +23,11 @@ questions, another top_k or another scoring. Nothing is written then.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,16 +85,21 @@ def retrieve_bm25_shard(cfg: BM25Config, index_dir: Path, questions_path: Path,
                 index["shard"]["count"], k, len(questions), output)  # fmt: skip
 
 
+_RANKED = ("rows", "scores", "passage_ids")
+_EXPECTED = "shard lists written by fid retrieve-bm25-shard (.npz)"
+
+
 @dataclass(frozen=True)
 class ShardLists:
-    """One shard's lists, read and checked to be lists (not yet against the others)."""
+    """One shard's lists, read and checked to be lists (not yet against the others); the
+    ranked arrays are None until read (`read_shard_lists(..., ranked=False)`, `with_ranked`)."""
 
     path: Path
     meta: dict
     question_ids: np.ndarray  # (Q,)
-    rows: np.ndarray  # (Q, k) global rows
-    scores: np.ndarray  # (Q, k) float32
-    passage_ids: np.ndarray  # (Q, k)
+    rows: np.ndarray | None = None  # (Q, k) global rows
+    scores: np.ndarray | None = None  # (Q, k) float32
+    passage_ids: np.ndarray | None = None  # (Q, k)
 
     @property
     def name(self) -> str:
@@ -96,27 +107,42 @@ class ShardLists:
         return f"shard {shard['index']} of {shard['count']} ({self.path})"
 
 
-def read_shard_lists(path: Path) -> ShardLists:
-    """A shard's lists file; a missing or unreadable one is refused by name."""
+def _read(path: Path, keys: tuple[str, ...]) -> dict:
+    """Those arrays of a shard's lists file; an unreadable one is refused by name."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            return {key: saved[key] for key in keys}
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as error:
+        raise DataError(f"{path}: not {_EXPECTED} ({type(error).__name__}: {error})") from None
+
+
+def read_shard_lists(path: Path, ranked: bool = True) -> ShardLists:
+    """A shard's lists file; a missing or unreadable one is refused by name. `ranked=False`:
+    its metadata and question ids only (what `check_shards` reads)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: shard lists not found: its shard's retrieval (or build) "
                         "failed or has not run. Hint: run fid retrieve-bm25-shard for it.")  # fmt: skip
-    expected = "shard lists written by fid retrieve-bm25-shard (.npz)"
+    arrays = _read(path, ("meta", "question_ids"))
     try:
-        with np.load(path, allow_pickle=False) as saved:
-            arrays = {key: saved[key] for key in ("meta", "question_ids", "rows", "scores",
-                                                  "passage_ids")}  # fmt: skip
         meta = json.loads(str(arrays.pop("meta")))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as error:
-        raise DataError(f"{path}: not {expected} ({type(error).__name__}: {error})") from None
+    except ValueError as error:
+        raise DataError(f"{path}: not {_EXPECTED} (its meta: {error})") from None
     found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
     if found != LISTS_FORMAT:
-        raise DataError(f"{path}: not {expected}: format {found!r}")
-    q, k = len(arrays["question_ids"]), arrays["rows"].shape[-1]
-    if any(arrays[key].shape != (q, k) for key in ("rows", "scores", "passage_ids")):
-        raise DataError(f"{path}: rows, scores and passage ids are not all ({q}, {k}) arrays")
-    return ShardLists(path, meta, **arrays)
+        raise DataError(f"{path}: not {_EXPECTED}: format {found!r}")
+    shard = ShardLists(path, meta, arrays["question_ids"])
+    return with_ranked(shard) if ranked else shard
+
+
+def with_ranked(shard: ShardLists) -> ShardLists:
+    """The shard with its rows, scores and passage ids read, each checked to be (Q, k)."""
+    arrays = _read(shard.path, _RANKED)
+    q, k = len(shard.question_ids), arrays["rows"].shape[-1]
+    if any(arrays[key].shape != (q, k) for key in _RANKED):
+        raise DataError(f"{shard.path}: rows, scores and passage ids are not all ({q}, {k}) "
+                        "arrays")  # fmt: skip
+    return dataclasses.replace(shard, **arrays)
 
 
 def check_shards(shards: list[ShardLists], stats_meta: dict, stats_dir: Path,
@@ -179,14 +205,24 @@ def _check_lists(shard: ShardLists, questions: list[dict], cfg: BM25Config) -> N
                             f"config has {key} = {getattr(cfg, key)!r}: rebuild the shard")  # fmt: skip
 
 
-def merge_top_k(shards: list[ShardLists], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The global top k of every question: (rows, scores, passage ids), each (Q, k), best
-    first, ties by global row (as one index's `top_k`)."""
-    rows = np.concatenate([s.rows for s in shards], axis=1)  # (Q, sum of the shards' k)
-    scores = np.concatenate([s.scores for s in shards], axis=1)
-    ids = np.concatenate([s.passage_ids for s in shards], axis=1)
-    order = np.lexsort((rows, -scores), axis=-1)[:, :k]  # score descending, then row
-    return tuple(np.take_along_axis(a, order, axis=1) for a in (rows, scores, ids))
+def merge_top_k(shards: Iterable[ShardLists], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The global top k of every question: (rows, scores, passage ids), each (Q, <= k), best
+    first, ties by global row (as one index's `top_k`).
+
+    The shards are folded in one at a time (an iterator may read each when its turn comes):
+    the top k of (the top k so far + the next shard's) is the top k of all shards so far, as
+    (score descending, row) is a total order (rows are unique). Holds two shards' arrays at
+    most."""
+    merged = None
+    for shard in shards:
+        part = (shard.rows, shard.scores, shard.passage_ids)  # each (Q, the shard's k)
+        if merged is not None:
+            part = tuple(np.concatenate(pair, axis=1) for pair in zip(merged, part, strict=True))
+        order = np.lexsort((part[0], -part[1]), axis=-1)[:, :k]  # score descending, then row
+        merged = tuple(np.take_along_axis(a, order, axis=1) for a in part)
+    if merged is None:
+        raise ValueError("merge_top_k: no shards")
+    return merged
 
 
 def _fetch_rows(passages_path: Path, expected: dict[int, str]) -> dict[int, Passage]:
@@ -223,10 +259,10 @@ def merge_bm25_lists(cfg: BM25Config, stats_dir: Path, shard_paths: list[Path],
     stats_meta = load_stats_meta(stats_dir)
     check_stats_config(stats_meta, cfg, stats_dir)
     questions = load_questions(questions_path)
-    shards = check_shards([read_shard_lists(p) for p in shard_paths], stats_meta, stats_dir,
-                          questions, cfg)  # fmt: skip
+    shards = check_shards([read_shard_lists(p, ranked=False) for p in shard_paths], stats_meta,
+                          stats_dir, questions, cfg)  # fmt: skip
     k = min(cfg.top_k, int(stats_meta["n_passages"]))
-    rows, scores, ids = merge_top_k(shards, k)
+    rows, scores, ids = merge_top_k((with_ranked(shard) for shard in shards), k)
     if cfg.list_format == "compact":
         store = _passage_store(passages_path, rows, ids)
         write_compact_lists(output, questions, ids.tolist(), scores.tolist(), store)
