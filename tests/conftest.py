@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,18 @@ def assert_same_weights(expected: Path, got: Path) -> None:
     assert want.keys() == have.keys()
     for name in want:
         assert torch.equal(want[name], have[name]), name
+
+
+def pytest_configure(config):
+    """Ctrl-C reaches the processes the tests start, however the suite was started.
+
+    A non-interactive shell starts a background job (`.ci/run &`, `nohup make test &`) with
+    SIGINT ignored, and an ignored signal stays ignored in every child: `fid serve` and
+    snakemake would never see the Ctrl-C that tests/test_serve.py and tests/slurm/test_slurm.py
+    send them as a terminal would (a terminal's Ctrl-C is never ignored). With a handler here
+    instead, each child starts with SIGINT's default action, and Python's own handler."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
