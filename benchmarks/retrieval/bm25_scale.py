@@ -261,6 +261,9 @@ def merge_arrays(q: int, s: int, k: int = 100) -> None:
     import numpy as np
 
     from fid.retrieval.bm25_merge import ShardLists, merge_top_k
+    from fid.runtime.heap import return_freed_memory
+
+    return_freed_memory()  # as every fid command starts (fid.cli): freed arrays go back
 
     rng = np.random.default_rng(0)
 

@@ -10,7 +10,8 @@ a + b x the passages it holds, plus what each vocabulary term beyond the synthet
 costs (the vocabulary probe's excess over the law); a question's CPU in a shard = c + d x the
 shard's passages, plus its postings at psgs_w100's share (the heavy questions' excess per
 posting); the merge = a + b x questions + c x questions x shards (its memory past the list
-writer's 1,024-question chunk grown from the largest merge measured by the law of its arrays).
+writer's 1,024-question chunk grown from the largest merge measured by the law of its arrays,
+and c of its CPU, the fold of one shard's lists, from the arrays alone).
 """
 
 from __future__ import annotations
@@ -116,21 +117,24 @@ def report(rows: list[dict], chosen: int) -> dict:
     laws["retrieve rss_mb"] = fit([[r["passages"], r["q"]] for r in searches],
                                   [r["rss_mb"] for r in searches])  # fmt: skip
     merges = pick("merge")
-    for y in ("rss_mb", "cpu_s"):
-        laws[f"merge {y}"] = fit(
-            [[r["q"], r["q"] * r["s"]] for r in merges], [r[y] for r in merges]
-        )
+    laws["merge rss_mb"] = fit([[r["q"], r["q"] * r["s"]] for r in merges],
+                               [r["rss_mb"] for r in merges])  # fmt: skip
+    # CPU: per question (DPR's has-answer, the writer) from the merges; per question and shard
+    # (folding a shard's lists in) from the arrays alone, whose Q x S reach 320k (the merges'
+    # S = 4 vs 8 at 2,000 questions differ by less than their noise)
+    laws["merge cpu_s"] = fit([[r["q"]] for r in merges], [r["cpu_s"] for r in merges])
     # The merge's memory past the writer's 1,024-question chunk grows with its arrays alone:
     # the largest measured merge plus the arrays' law (merge_arrays) from there on.
     arrays = pick("merge_arrays")
-    laws["merge arrays rss_mb"] = fit([[r["q"], r["q"] * r["s"]] for r in arrays],
-                                      [r["rss_mb"] for r in arrays])  # fmt: skip
+    for y in ("rss_mb", "cpu_s"):
+        laws[f"merge arrays {y}"] = fit([[r["q"], r["q"] * r["s"]] for r in arrays],
+                                        [r[y] for r in arrays])  # fmt: skip
     anchor = max(merges, key=lambda r: (r["q"], -r["s"]))
     ones = pick("build_one")
     for y in ("rss_mb", "cpu_s"):
         laws[f"one index build {y}"] = fit([[r["corpus"]] for r in ones], [r[y] for r in ones])
     terms = {"stats": "·N", "build": "·P", "retrieve": "·P", "merge": "·Q,·QS", "one": "·N",
-             "retrieve rss_mb": "·P,·Q"}  # fmt: skip
+             "retrieve rss_mb": "·P,·Q", "merge cpu_s": "·Q"}  # fmt: skip
     print("\nLaws (N corpus passages, P a job's passages, Q questions, S shards; MB, CPU s):")
     for name, (coef, res) in laws.items():
         print("  " + law(name, coef, res, terms.get(name, terms[name.split()[0]])))
@@ -182,11 +186,15 @@ def report(rows: list[dict], chosen: int) -> dict:
         b, c = laws["merge arrays rss_mb"][0][1:]
         return anchor["rss_mb"] + b * (q - anchor["q"]) + c * (q * s - anchor["q"] * anchor["s"])
 
-    out["extrapolation"] = extrapolate(predict, merge_rss, per_term, base_vocab, chosen)
+    def merge_cpu(q: float, s: int) -> float:
+        return predict("merge cpu_s", q) + laws["merge arrays cpu_s"][0][2] * q * s
+
+    out["extrapolation"] = extrapolate(predict, merge_rss, merge_cpu, per_term, base_vocab, chosen)
     return out
 
 
-def extrapolate(predict, merge_rss, per_term: dict, base_vocab: float, chosen: int) -> list[dict]:
+def extrapolate(predict, merge_rss, merge_cpu, per_term: dict, base_vocab: float,
+                chosen: int) -> list[dict]:  # fmt: skip
     """Each job at psgs_w100 (N, Lucene's vocabulary) and NQ's / TQA's splits, per S; and the
     resources of the S chosen: peak RSS x 1.3 and CPU x 2 (a slower core, a shared file system)."""
     extra = LUCENE_TERMS - base_vocab
@@ -217,7 +225,7 @@ def extrapolate(predict, merge_rss, per_term: dict, base_vocab: float, chosen: i
         for data, splits in SPLITS.items():
             q = splits["train"]
             job = start + q * question  # one shard's train-split search, one thread
-            merge = predict("merge cpu_s", q, q * s)
+            merge = merge_cpu(q, s)
             row[f"{data} train: search job min"] = job / 60
             row[f"{data} train: merge min · GB"] = (
                 merge / 60,
@@ -228,8 +236,7 @@ def extrapolate(predict, merge_rss, per_term: dict, base_vocab: float, chosen: i
         if s == chosen:
             jobs = {"bm25_stats": (stats_rss, stats_cpu), "build_bm25_shard": (build_rss, build_cpu),
                     "retrieve_bm25_shard": (search_rss, start + train * question),
-                    "merge_bm25": (merge_rss(train, s),
-                                   predict("merge cpu_s", train, train * s))}  # fmt: skip
+                    "merge_bm25": (merge_rss(train, s), merge_cpu(train, s))}  # fmt: skip
     keys = list(found[0])
 
     def text(value: object) -> str:
