@@ -76,8 +76,8 @@ def run_paths(run: Path | None, round_: int | None, **given: Path | None) -> Run
     Raises:
         InputError: a run folder that does not exist, a run without a trained round (or
             without `round_`), a round whose lists neither BM25, nor a dense retriever of the
-            run, nor a pretrained encoder its config names made, and no --retriever and --index, a run whose passages cannot be
-            found; with no run, a missing path.
+            run, nor a pretrained encoder its config names made, and no --retriever and
+            --index, a run whose passages cannot be found; with no run, a missing path.
     """
     if run is None:
         missing = [f"--{name}" for name, path in given.items() if path is None]
