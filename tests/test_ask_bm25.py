@@ -5,13 +5,12 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
-from tiny_run import N_PASSAGES, write_tiny_run
+from tiny_run import assert_asks_as_listed, write_tiny_run
 
 from fid.cli import main
 from fid.errors import DataError
@@ -58,21 +57,10 @@ def runs(tmp_path_factory, tiny_model_dir, toy_world) -> dict[str, Path]:
 
 @pytest.mark.parametrize("layout", ["whole", "sharded"])
 def test_round_0_asks_bm25_as_its_lists_ranked(runs, layout, toy_world, capsys, caplog):
-    run = runs[layout]
     questions = [example.question for example in toy_world.splits["dev"]]
-    lists = json.loads((runs["whole"] / "bm25/retrieval/dev.json").read_text())
-    for question in questions:
-        assert main(["ask", "--run", str(run), "--round", "0", "--json", question]) == 0
-    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(records) == len(lists) == len(questions)
-    for record, listed in zip(records, lists, strict=True):
-        assert record["question"] == listed["question"]
-        top = listed["ctxs"][:N_PASSAGES]
-        assert [p["id"] for p in record["passages"]] == [c["id"] for c in top]
-        # float32 scores, as the lists hold them
-        assert [p["score"] for p in record["passages"]] == pytest.approx(
-            [c["score"] for c in top], rel=1e-6
-        )
+    # float32 scores, as the lists hold them
+    assert_asks_as_listed(runs[layout], runs["whole"] / "bm25/retrieval/dev.json", questions,
+                          capsys, rel=1e-6)  # fmt: skip
     assert "retriever none (BM25)" in caplog.text
     assert "reading the top 3 passages of the first retrieval, bm25" in caplog.text
 

@@ -7,14 +7,13 @@ and scores are those of the lists `fid retrieve` wrote, which the report scored 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
 import yaml
-from tiny_run import N_PASSAGES, write_tiny_run
+from tiny_run import assert_asks_as_listed, write_tiny_run
 
 from fid.cli import main
 from fid.errors import DataError
@@ -63,18 +62,7 @@ def run(tmp_path_factory, tiny_model_dir, toy_world) -> Path:
 
 def test_round_0_asks_the_pretrained_encoder_as_its_lists_ranked(run, toy_world, capsys, caplog):
     questions = [example.question for example in toy_world.splits["dev"]]
-    lists = json.loads((run / "minilm/retrieval/dev.json").read_text())
-    for question in questions:
-        assert main(["ask", "--run", str(run), "--round", "0", "--json", question]) == 0
-    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(records) == len(lists) == len(questions)
-    for record, listed in zip(records, lists, strict=True):
-        assert record["question"] == listed["question"]
-        top = listed["ctxs"][:N_PASSAGES]
-        assert [p["id"] for p in record["passages"]] == [c["id"] for c in top]
-        assert [p["score"] for p in record["passages"]] == pytest.approx(
-            [c["score"] for c in top], rel=1e-5
-        )
+    assert_asks_as_listed(run, run / "minilm/retrieval/dev.json", questions, capsys, rel=1e-5)
     assert "reading the top 3 passages of the first retrieval, minilm" in caplog.text
 
 

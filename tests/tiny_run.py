@@ -5,11 +5,13 @@ tests/test_serve_browser.py)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 
 from fid.cli import main
@@ -50,6 +52,24 @@ def write_tiny_run(root: Path, tiny_model_dir: Path, toy_world) -> Path:
     (run / "config/eval_reader.yaml").write_text(f"n_passages: {N_PASSAGES}\nmax_new_tokens: 6\n")
     (run / "config/retrieve.yaml").write_text("top_k: 20\n")
     return run
+
+
+def assert_asks_as_listed(run: Path, lists: Path, questions: list[str], capsys, rel: float) -> None:
+    """`fid ask --run RUN --round 0 --json` on each question reads the first N_PASSAGES
+    passages of its record in `lists` (a retrieval file the run wrote), in that order, with
+    those scores (to `rel`)."""
+    listed = json.loads(lists.read_text())
+    for question in questions:
+        assert main(["ask", "--run", str(run), "--round", "0", "--json", question]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(records) == len(listed) == len(questions)
+    for record, entry in zip(records, listed, strict=True):
+        assert record["question"] == entry["question"]
+        top = entry["ctxs"][:N_PASSAGES]
+        assert [p["id"] for p in record["passages"]] == [c["id"] for c in top]
+        assert [p["score"] for p in record["passages"]] == pytest.approx(
+            [c["score"] for c in top], rel=rel
+        )
 
 
 def other_weights(retriever: Path) -> None:

@@ -57,6 +57,7 @@ _DOC_FREQS = "doc_freqs.npy"
 _TOKEN_IDS = "token_ids.i32"
 _TOKEN_OFFSETS = "token_offsets.npy"
 _DISTINCT = "distinct_tokens.npy"
+_TOKENS_FLUSH = 1 << 22  # token ids buffered (16 MiB) between two writes
 
 
 def analysis_of(cfg: BM25Config) -> dict:
@@ -187,7 +188,7 @@ def count_corpus_stats(passages_path: str | Path, output: str | Path, cfg: BM25C
                 buffer.extend(token_ids)
                 offsets.append(offsets[-1] + len(token_ids))
                 distinct.append(counter.add(token_ids))
-                if len(buffer) >= DocFrequencyCounter._FLUSH:
+                if len(buffer) >= _TOKENS_FLUSH:
                     _write_int32(tokens_file, buffer)
                     buffer = array.array("i")
             _write_int32(tokens_file, buffer)
